@@ -1,0 +1,31 @@
+"""A tiny MLP: 8 x (Linear 32 -> ReLU). Small enough for fast end-to-end tests."""
+
+import torch
+from torch import nn
+
+
+def mlp(width: int = 32, depth: int = 8) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+class Heads(nn.Module):
+    """Shared trunk, two outputs in a dict: exercises structured outputs and a keyword input."""
+
+    def __init__(self, width: int = 32, classes: int = 10) -> None:
+        super().__init__()
+        self.trunk = mlp(width, 2)
+        self.norm = nn.LayerNorm(width)
+        self.classify = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+        h = self.norm(self.trunk(x)) * scale
+        logits = self.classify(h)
+        return {"logits": logits, "stats": (h.mean(dim=-1), torch.softmax(logits, dim=-1))}
+
+
+def pairwise_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A plain function as a graph: squared distances between two point sets."""
+    return (a.unsqueeze(1) - b.unsqueeze(0)).pow(2).sum(-1)

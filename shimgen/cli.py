@@ -1,0 +1,133 @@
+"""`shimgen build | check | schema | clean`. User errors print one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from .errors import BuildError, UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except BuildError as exc:
+        print(f"shimgen: build failed: {exc}", file=sys.stderr)
+        return 1
+    except UserError as exc:
+        print(f"shimgen: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("shimgen: interrupted; previous outputs are left as they were", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shimgen", description="Build compiled PyTorch model shims from a TOML spec.")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    def spec_command(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.add_argument("spec", type=Path, help="the spec file, e.g. projects/resnet.toml")
+        p.add_argument("--out", type=Path, default=Path("."), help="root of build/ and dist/ (default: current directory)")
+        return p
+
+    p = spec_command("build", "trace, generate, compile and package a spec")
+    p.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    p.add_argument("--force", action="store_true", help="ignore recorded stage keys and rebuild everything")
+    p.set_defaults(run=_build)
+
+    p = spec_command("check", "build if needed, then compare the package with eager PyTorch")
+    p.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    p.set_defaults(run=_check)
+
+    p = spec_command("clean", "remove build/<name>/ and the project's wheels from dist/")
+    p.set_defaults(run=_clean)
+
+    p = sub.add_parser("schema", help="print the spec's JSON schema (or a Markdown reference)")
+    p.add_argument("--format", choices=["json", "markdown"], default="json")
+    p.set_defaults(run=_schema)
+    return parser
+
+
+def _progress(stage: str, message: str) -> None:
+    if stage == "compile" and sys.stderr.isatty():
+        print(f"\r[compile] {message}\033[K", end="", file=sys.stderr, flush=True)
+    else:
+        print(f"[{stage}] {message}", file=sys.stderr, flush=True)
+
+
+def _run_build(args: argparse.Namespace, force: bool = False):  # type: ignore[no-untyped-def]
+    from .pipeline import build
+
+    return build(args.spec, args.out, force=force, progress=_progress)
+
+
+def _build(args: argparse.Namespace) -> int:
+    result = _run_build(args, force=args.force)
+    _print_summary(result)
+    if args.json:
+        print(json.dumps(result.summary(), indent=2))
+    return 0
+
+
+def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
+    err = sys.stderr
+    print(f"\nbuilt {result.name} ({result.target}): {', '.join(result.graphs)}", file=err)
+    print(f"  wheel:       {result.wheel}", file=err)
+    print(f"  package_dir: {result.package_dir}", file=err)
+    print(f"  {'stage':<10} {'seconds':>8}", file=err)
+    for stage, seconds in result.stages.items():
+        print(f"  {stage:<10} {seconds:>8.2f}", file=err)
+    print(f"  {'total':<10} {sum(result.stages.values()):>8.2f}", file=err)
+    if result.slowest_units:
+        print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .check import compare
+    from .spec import load_spec
+
+    started = time.monotonic()
+    result = _run_build(args)
+    spec = load_spec(args.spec)
+    rows = compare(spec, args.spec.parent.resolve(), result.package_dir)
+    failed = [r for r in rows if not r.ok]
+    print(f"\n{'graph':<12} {'case':<14} {'output':<24} {'max abs err':>12} {'max rel err':>12}", file=sys.stderr)
+    for r in rows:
+        print(f"{r.graph:<12} {r.case:<14} {r.output:<24} {r.max_abs:>12.3g} {r.max_rel:>12.3g}{'' if r.ok else '  MISMATCH'}", file=sys.stderr)
+    tolerances = ", ".join(f"{g.name}: atol={g.atol:g} rtol={g.rtol:g}" for g in spec.graph)
+    verdict = f"{len(failed)} of {len(rows)} outputs beyond tolerance ({tolerances})" if failed else f"all {len(rows)} outputs match eager ({tolerances})"
+    print(f"\ncheck: {verdict} in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    if args.json:
+        print(json.dumps({**result.summary(), "ok": not failed, "comparisons": [r.__dict__ for r in rows]}, indent=2))
+    return 1 if failed else 0
+
+
+def _clean(args: argparse.Namespace) -> int:
+    from .spec import load_spec
+
+    name = load_spec(args.spec).project.name
+    removed = []
+    root = args.out / "build" / name
+    if root.exists():
+        shutil.rmtree(root)
+        removed.append(str(root))
+    for wheel in (args.out / "dist").glob(f"{name}-*.whl"):
+        wheel.unlink()
+        removed.append(str(wheel))
+    print("removed " + (", ".join(removed) if removed else "nothing"), file=sys.stderr)
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from .spec.schema import json_schema, markdown_reference
+
+    print(json.dumps(json_schema(), indent=2) if args.format == "json" else markdown_reference())
+    return 0

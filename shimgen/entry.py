@@ -1,0 +1,111 @@
+"""The user's side of a graph: import its entry, build the model, make inputs of given sizes.
+
+Every failure in user code becomes a SpecError naming the graph key and where in the user's
+file it happened.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import SpecError
+from .spec import Graph
+
+def load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
+    """The model in eval mode: an nn.Module, or the plain function the entry names."""
+    import torch
+
+    module_name, _, attr = graph.entry.partition(":")
+    if str(spec_dir) not in sys.path:
+        sys.path.insert(0, str(spec_dir))
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise SpecError("", f"{where}.entry", f"cannot import '{module_name}': {describe(exc, spec_dir)}") from None
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise SpecError("", f"{where}.entry", f"module '{module_name}' has no attribute '{attr}'")
+        target = getattr(target, part)
+    if not callable(target):
+        raise SpecError("", f"{where}.entry", f"'{graph.entry}' is not callable")
+    torch.manual_seed(graph.seed)
+    if _is_model_function(target, graph):
+        return target
+    try:
+        model = target(*graph.args, **graph.kwargs)
+    except Exception as exc:
+        raise SpecError("", f"{where}.entry", f"calling '{graph.entry}' with args/kwargs failed: {describe(exc, spec_dir)}") from None
+    if isinstance(model, torch.nn.Module):
+        return model.eval()
+    if callable(model):
+        return model
+    raise SpecError("", f"{where}.entry", f"'{graph.entry}' returned {type(model).__name__}, not an nn.Module or function")
+
+
+def _is_model_function(target: Any, graph: Graph) -> bool:
+    """A function with required parameters and no args/kwargs in the spec is the model itself."""
+    if inspect.isclass(target) or graph.args or graph.kwargs:
+        return False
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+
+
+def make_inputs(graph: Graph, sizes: dict[str, int], seed: int) -> list[Any]:
+    """Random inputs for the spec's shapes with dynamic dims at `sizes`, deterministic per seed."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    tensors = []
+    for inp in graph.inputs:
+        shape = [sizes[s] if isinstance(s, str) else s for s in inp.shape]
+        dtype = getattr(torch, inp.dtype)
+        if dtype.is_floating_point:
+            low = -1.0 if inp.low is None else inp.low
+            high = 1.0 if inp.high is None else inp.high
+            t = (torch.rand(shape, generator=gen) * (high - low) + low).to(dtype)
+        elif dtype == torch.bool:
+            t = torch.randint(0, 2, shape, generator=gen).bool()
+        else:
+            low = 0 if inp.low is None else int(inp.low)
+            high = 10 if inp.high is None else int(inp.high)
+            t = torch.randint(low, high, shape, generator=gen, dtype=dtype)
+        if inp.memory_format == "channels_last":
+            t = t.contiguous(memory_format=torch.channels_last)
+        tensors.append(t)
+    return tensors
+
+
+def example_sizes(graph: Graph) -> dict[str, int]:
+    return {name: dim.example for name, dim in graph.dims.items()}  # type: ignore[misc]
+
+
+def call_model(model: Callable[..., Any], graph: Graph, tensors: list[Any]) -> Any:
+    """Call the model the way the spec declares its inputs: positional first, then keywords."""
+    args = [t for inp, t in zip(graph.inputs, tensors) if not inp.keyword]
+    kwargs = {inp.name: t for inp, t in zip(graph.inputs, tensors) if inp.keyword}
+    return model(*args, **kwargs)
+
+
+def describe(exc: BaseException, spec_dir: Path) -> str:
+    """'TypeError: message (at models/mlp.py:12)': the innermost frame in the user's project."""
+    location = ""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        exc.__traceback__ = None
+        location = f" (at {Path(exc.filename).name}:{exc.lineno})"
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        try:
+            rel = Path(frame.filename).resolve().relative_to(spec_dir.resolve())
+        except ValueError:
+            continue
+        location = f" (at {rel}:{frame.lineno})"
+        break
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {message}{location}"

@@ -1,0 +1,24 @@
+"""Errors a user can fix: the CLI prints them as one line and exits 2, never a traceback."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input or environment, reported without a traceback."""
+
+
+class SpecError(UserError):
+    """A problem in a spec, located by file and key path: `resnet.toml: graph[0].name: ...`."""
+
+    def __init__(self, file: str, where: str, message: str) -> None:
+        self.file = file
+        self.where = where
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return ": ".join(part for part in (self.file, self.where, self.message) if part)
+
+
+class BuildError(UserError):
+    """A failed build step (compiler, Meson, packaging), with the part of its log that matters."""

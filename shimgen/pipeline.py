@@ -1,0 +1,242 @@
+"""The build: spec → trace → codegen → render → compile → package, each stage skipped when its key
+(a hash of what it depends on) matches the last successful run recorded in state.json.
+
+Outputs under <out>/build/<name>/: trace/, codegen/, project/ (generated Meson project), meson/
+(build directory), site/ (the unpacked wheel: importable); wheels go to <out>/dist/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from . import build as compile_stage
+from . import codegen, entry, package, render, toolchain, trace
+from .errors import SpecError, UserError
+from .render import GraphSources
+from .spec import Graph, ProjectSpec, Target, load_spec
+
+Progress = Callable[[str, str], None]
+
+
+@dataclass
+class BuildOutput:
+    name: str
+    target: str
+    wheel: Path
+    package_dir: Path
+    graphs: list[str]
+    stages: dict[str, float] = field(default_factory=dict)
+    compile_units: tuple[int, int] = (0, 0)
+    slowest_units: list[tuple[str, float]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "target": self.target,
+            "wheel": str(self.wheel),
+            "package_dir": str(self.package_dir),
+            "graphs": self.graphs,
+            "stages": {k: round(v, 3) for k, v in self.stages.items()},
+            "compiled_units": {"done": self.compile_units[0], "total": self.compile_units[1]},
+            "slowest_units": [{"unit": u, "seconds": s} for u, s in self.slowest_units],
+            "skipped": self.skipped,
+        }
+
+
+@dataclass
+class Layout:
+    spec_path: Path
+    root: Path
+    dist: Path
+
+    @classmethod
+    def of(cls, spec_path: Path, out: Path, name: str) -> Layout:
+        return cls(spec_path, out / "build" / name, out / "dist")
+
+    @property
+    def site(self) -> Path:
+        return self.root / "site"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+
+def build(spec_path: Path, out: Path, force: bool = False, progress: Progress | None = None) -> BuildOutput:
+    report = progress or (lambda stage, msg: None)
+    spec = load_spec(spec_path)
+    target = _cpu_target(spec)
+    out = out.resolve()
+    layout = Layout.of(spec_path, out, spec.project.name)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    state = {} if force else _load_state(layout.state_file)
+    result = BuildOutput(spec.project.name, render.target_id(target), Path(), layout.site, [g.name for g in spec.graph])
+
+    with _stage(result, "toolchain", report):
+        tc = toolchain.detect()
+        toolchain.prove(tc, out / "build" / ".toolchain")
+
+    sources = []
+    graph_state = state.setdefault("graphs", {})
+    for i, graph in enumerate(spec.graph):
+        record = graph_state.get(graph.name, {})
+        sources.append(_trace_and_codegen(spec, graph, f"graph[{i}]", target, tc, layout, record, result, report))
+        graph_state[graph.name] = record
+        _save_state(layout.state_file, state)
+    for stale in set(graph_state) - {g.name for g in spec.graph}:
+        del graph_state[stale]
+
+    project_dir, meson_dir = layout.root / "project", layout.root / "meson"
+    with _stage(result, "render", report):
+        render.render_project(spec, spec_path.name, target, tc, sources, project_dir)
+    with _stage(result, "compile", report):
+        compiled = compile_stage.compile_project(project_dir, meson_dir, tc, lambda msg: report("compile", msg))
+    result.compile_units = (compiled.units_done, compiled.units_total)
+    result.slowest_units = sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5]
+
+    package_key = _hash_files(sorted(meson_dir.glob("*.so")) + sorted(p for p in project_dir.rglob("*") if p.is_file()))
+    wheel = Path(state.get("wheel", ""))
+    if state.get("package_key") == package_key and wheel.is_file() and layout.site.is_dir():
+        result.skipped.append("package")
+    else:
+        with _stage(result, "package", report):
+            wheel = package.build_wheel(project_dir, meson_dir, layout.dist, tc)
+            package.unpack(wheel, layout.site)
+        state.update(package_key=package_key, wheel=str(wheel))
+        _save_state(layout.state_file, state)
+    result.wheel = wheel
+    return result
+
+
+def _cpu_target(spec: ProjectSpec) -> Target:
+    for i, target in enumerate(spec.target):
+        if target.device == "cuda":
+            raise SpecError(
+                "", f"target[{i}]", "cuda targets are validated but building them awaits the CUDA target issue; remove this target to build for cpu"
+            )
+    return spec.target[0]
+
+
+def _trace_and_codegen(
+    spec: ProjectSpec, graph: Graph, where: str, target: Target, tc: toolchain.Toolchain,
+    layout: Layout, record: dict[str, Any], result: BuildOutput, report: Progress,
+) -> GraphSources:
+    trace_dir = layout.root / "trace"
+    codegen_dir = layout.root / "codegen" / graph.name
+    spec_dir = layout.spec_path.parent.resolve()
+    trace_key = _trace_key(graph, tc, record.get("deps", {}))
+    codegen_key = _key(trace_key, dataclasses.asdict(target), codegen.inductor_configs(target, spec.flags), _source_of(codegen))
+    meta_file = codegen_dir / "codegen.json"
+    if record.get("codegen_key") == codegen_key and meta_file.is_file():
+        result.skipped.append(f"trace:{graph.name}")
+        result.skipped.append(f"codegen:{graph.name}")
+        return GraphSources(graph, codegen_dir, json.loads(meta_file.read_text()))
+
+    program_file = trace_dir / f"{graph.name}.pt2"
+    trace_meta = trace_dir / f"{graph.name}.json"
+    import torch
+
+    if record.get("trace_key") == trace_key and program_file.is_file() and trace_meta.is_file():
+        result.skipped.append(f"trace:{graph.name}")
+        program = torch.export.load(str(program_file))
+        out_meta = json.loads(trace_meta.read_text())
+    else:
+        with _stage(result, "trace", report, graph.name):
+            traced = trace.trace(graph, where, spec_dir)
+            deps = _project_modules(spec_dir)
+            trace_dir.mkdir(parents=True, exist_ok=True)
+            torch.export.save(traced.program, str(program_file))
+            program = traced.program
+            out_meta = {"out_nodes": [dataclasses.asdict(n) for n in traced.out_nodes], "num_outputs": traced.num_outputs}
+            render.write_if_changed(trace_meta, json.dumps(out_meta))
+        record.clear()
+        record.update(deps=deps, trace_key=_trace_key(graph, tc, deps))
+        codegen_key = _key(record["trace_key"], dataclasses.asdict(target), codegen.inductor_configs(target, spec.flags), _source_of(codegen))
+
+    with _stage(result, "codegen", report, graph.name):
+        staging = codegen_dir.with_name(graph.name + ".new")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            generated = codegen.generate(program, target, spec.flags, staging)
+        except UserError as exc:
+            raise SpecError("", where, str(exc)) from None
+        meta = {**out_meta, "defines": generated.defines, "inductor_args": generated.inductor_args, "has_kernels": generated.kernels is not None}
+        (staging / "codegen.json").write_text(json.dumps(meta, indent=1))
+        _replace_dir(staging, codegen_dir)
+    record["codegen_key"] = codegen_key
+    return GraphSources(graph, codegen_dir, meta)
+
+
+def _trace_key(graph: Graph, tc: toolchain.Toolchain, deps: dict[str, str]) -> str:
+    current = {path: _hash_file(Path(path)) for path in deps}
+    return _key(dataclasses.asdict(graph), tc.torch_version, current, _source_of(trace), _source_of(entry))
+
+
+def _project_modules(spec_dir: Path) -> dict[str, str]:
+    """Source files of every imported module that lives under the spec's directory."""
+    files = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if path and Path(path).resolve().is_relative_to(spec_dir):
+            files[str(Path(path).resolve())] = _hash_file(Path(path))
+    return files
+
+
+def _source_of(module: Any) -> str:
+    return _hash_file(Path(module.__file__))
+
+
+def _hash_file(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "missing"
+
+
+def _hash_files(paths: list[Path]) -> str:
+    return _key([(p.name, _hash_file(p)) for p in paths])
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _replace_dir(new: Path, final: Path) -> None:
+    old = final.with_name(final.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.replace(old)
+    new.replace(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    render.write_if_changed(path, json.dumps(state, indent=1, sort_keys=True))
+
+
+@contextmanager
+def _stage(result: BuildOutput, name: str, report: Progress, detail: str = "") -> Iterator[None]:
+    report(name, f"{detail} ..." if detail else "...")
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        result.stages[name] = result.stages.get(name, 0.0) + time.monotonic() - start
+    report(name, f"{detail} done in {time.monotonic() - start:.1f}s" if detail else f"done in {time.monotonic() - start:.1f}s")

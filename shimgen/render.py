@@ -1,0 +1,181 @@
+"""Render stage: templates under shimgen/templates → a Meson project (or the toolchain probe).
+
+Files are written only when their content changes, so ninja rebuilds only what really changed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from .spec import Graph, ProjectSpec, Target
+from .toolchain import Toolchain
+
+TEMPLATES = Path(__file__).parent / "templates"
+OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
+SCALAR_TYPES = {
+    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
+    "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+}
+
+
+@dataclass
+class GraphSources:
+    """What codegen left for one graph: its directory, and the facts the binding needs."""
+
+    graph: Graph
+    codegen_dir: Path
+    meta: dict[str, Any]  # codegen.json: out_nodes, num_outputs, defines, inductor_args, has_kernels
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["cstring"] = lambda s: json.dumps(s)  # a JSON string is a valid C string literal for our text
+    return env
+
+
+def write_if_changed(path: Path, content: str | bytes) -> bool:
+    data = content.encode() if isinstance(content, str) else content
+    if path.is_file() and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return True
+
+
+def render_probe(tc: Toolchain, out: Path) -> None:
+    env = _env()
+    write_if_changed(out / "meson.build", env.get_template("probe/meson.build.j2").render(tc=tc))
+    for name in ("probe/probe.cpp", "probe/check_probe.py", "project/shimgen_runtime.h"):
+        write_if_changed(out / Path(name).name, (TEMPLATES / name).read_bytes())
+
+
+def render_project(spec: ProjectSpec, spec_file: str, target: Target, tc: Toolchain, graphs: list[GraphSources], out: Path) -> list[Path]:
+    """Write the generated Meson project into `out`; returns every file it consists of."""
+    env = _env()
+    name = spec.project.name
+    first = graphs[0].meta
+    context = {
+        "name": name,
+        "version": spec.project.version,
+        "description": spec.project.description,
+        "spec_file": spec_file,
+        "target_id": target_id(target),
+        "tc": tc,
+        "torch_version": tc.torch_version,
+        "python_version": tc.python_version,
+        "inductor_args": [f"-D{d}" for d in first["defines"]] + first["inductor_args"],
+        "wrapper_opt": OPT[spec.flags.wrapper_opt],
+        "kernel_opt": OPT[spec.flags.kernel_opt],
+        "graphs": [{"name": g.graph.name, "has_kernels": g.meta["has_kernels"]} for g in graphs],
+    }
+    files = {
+        out / "meson.build": env.get_template("project/meson.build.j2").render(context),
+        out / "pyproject.toml": env.get_template("project/pyproject.toml.j2").render(context),
+        out / name / "__init__.py": env.get_template("project/__init__.py.j2").render(context),
+        out / "src" / "shimgen_runtime.h": (TEMPLATES / "project/shimgen_runtime.h").read_text(),
+    }
+    binding = env.get_template("project/binding.cpp.j2")
+    for g in graphs:
+        src = out / "src" / g.graph.name
+        files[src / "binding.cpp"] = binding.render(_binding_context(g, target, tc))
+        for part in ("wrapper.cpp", "kernels.cpp", "weights.o"):
+            if (g.codegen_dir / part).is_file():
+                files[src / part] = (g.codegen_dir / part).read_bytes()  # type: ignore[assignment]
+    for path, content in files.items():
+        write_if_changed(path, content)
+    _remove_stale(out, set(files))
+    return list(files)
+
+
+def _binding_context(g: GraphSources, target: Target, tc: Toolchain) -> dict[str, Any]:
+    graph = g.graph
+    dim_index = {name: k for k, name in enumerate(graph.dims)}
+    inputs = []
+    for inp in graph.inputs:
+        dims_text = ", ".join(str(s) for s in inp.shape)
+        inputs.append({
+            "name": inp.name,
+            "scalar_type": SCALAR_TYPES[inp.dtype],
+            "memory_format": "ChannelsLast" if inp.memory_format == "channels_last" else "Contiguous",
+            "sizes": [-1 if isinstance(s, str) else s for s in inp.shape],
+            "dims": [dim_index[s] if isinstance(s, str) else -1 for s in inp.shape],
+            "signature": f"{inp.dtype}[{dims_text}]",
+        })
+    return {
+        "graph": graph.name,
+        "module": f"_{graph.name}",
+        "target_id": target_id(target),
+        "device": target.device,
+        "device_type": "CPU" if target.device == "cpu" else "CUDA",
+        "inputs": inputs,
+        "num_positional": sum(1 for inp in graph.inputs if not inp.keyword),
+        "max_rank": max(1, max(len(inp.shape) for inp in graph.inputs)),
+        "dims": [{"name": n, "min": d.min, "max": d.max} for n, d in graph.dims.items()],
+        "out_nodes": g.meta["out_nodes"],
+        "num_outputs": g.meta["num_outputs"],
+        "num_models": 1,
+        "has_last_error": tc.has_last_error,
+        "docstring": json.dumps(docstring(graph, g.meta["out_nodes"])),
+    }
+
+
+def docstring(graph: Graph, out_nodes: list[dict[str, Any]]) -> str:
+    positional = [i.name for i in graph.inputs if not i.keyword]
+    keyword = [i.name for i in graph.inputs if i.keyword]
+    params = ", ".join(positional + (["*"] + keyword if keyword else []))
+    lines = [f"{graph.name}({params})", "", "Inputs (checked on every call):"]
+    for inp in graph.inputs:
+        shape = ", ".join(str(s) for s in inp.shape)
+        layout = "" if inp.memory_format == "contiguous" else f", {inp.memory_format}"
+        lines.append(f"  {inp.name}: {inp.dtype}[{shape}]{layout}")
+    if graph.dims:
+        lines.append("Dynamic dims:")
+        lines += [f"  {name}: {d.min}..{d.max}" for name, d in graph.dims.items()]
+    lines.append(f"Returns: {_structure_text(out_nodes)}")
+    return "\n".join(lines)
+
+
+def _structure_text(nodes: list[dict[str, Any]]) -> str:
+    pos = 0
+
+    def visit() -> str:
+        nonlocal pos
+        node = nodes[pos]
+        pos += 1
+        children = [visit() for _ in range(node["arity"])]
+        kind = node["kind"]
+        joined = ", ".join(children)
+        text = ["Tensor", f"({joined}{',' if len(children) == 1 else ''})", f"[{joined}]", "{" + joined + "}", "None"][kind]
+        return f"{node['key']!r}: {text}" if node["key"] is not None else text
+
+    return visit()
+
+
+def _remove_stale(out: Path, keep: set[Path]) -> None:
+    src = out / "src"
+    if not src.is_dir():
+        return
+    for path in sorted(src.rglob("*"), reverse=True):
+        if path.is_file() and path not in keep:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+def target_id(target: Target) -> str:
+    """Build identifier for CI matrices: cpu-native, cpu-avx2, cuda-sm_90."""
+    return f"cpu-{target.isa}" if target.device == "cpu" else "cuda-" + "-".join(target.archs)
+

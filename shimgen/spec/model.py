@@ -1,0 +1,124 @@
+"""The spec's tables as dataclasses: the one source for validation, `shimgen schema` and docs.
+
+Each field's `doc` metadata is its documentation. `load.py` turns TOML into these classes by
+their type hints; `schema.py` turns the same hints into JSON schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+OptLevel = Literal["O0", "O1", "O2", "O3", "Os"]
+
+
+def doc(text: str, **kwargs: Any) -> Any:
+    """A dataclass field documented by `text`."""
+    return field(metadata={"doc": text}, **kwargs)
+
+
+@dataclass
+class Project:
+    """[project]: the generated package."""
+
+    name: str = doc("Import name of the generated package (a Python identifier).")
+    version: str = doc("Version of the generated package and its wheel.", default="0.1.0")
+    description: str = doc("One-line description, used as the package docstring and wheel summary.", default="")
+
+
+@dataclass
+class Dim:
+    """A dynamic dimension shared by every input shape that names it."""
+
+    max: int = doc("Largest size the package accepts for this dimension.")
+    min: int = doc("Smallest size the package accepts for this dimension (at least 1).", default=1)
+    example: int | None = doc(
+        "Size used for tracing and example inputs; default: the middle of [min, max], at least 2 "
+        "(torch.export specializes sizes 0 and 1).",
+        default=None,
+    )
+
+
+@dataclass
+class Input:
+    """One tensor input of a graph, in call order."""
+
+    name: str = doc("Parameter name: the callable accepts the input positionally or by this name.")
+    shape: list[int | str] = doc("Sizes: an int is a static size, a string names a dynamic dim from `dims`.")
+    dtype: Literal[DTYPES] = doc("Element type.", default="float32")  # type: ignore[valid-type]
+    keyword: bool = doc(
+        "Pass this input to the model as a keyword argument (keyword-only in the generated callable).",
+        default=False,
+    )
+    memory_format: Literal["contiguous", "channels_last"] = doc(
+        "Layout the kernels are traced for and that every call must match (checked on each call).",
+        default="contiguous",
+    )
+    low: float | None = doc("Lower bound of random example values (integer dtypes default 0).", default=None)
+    high: float | None = doc("Upper bound (exclusive) of random example values (integer dtypes default 10).", default=None)
+
+
+@dataclass
+class Graph:
+    """[[graph]]: one traced graph, one callable in the package."""
+
+    name: str = doc("Callable name in the generated package (a Python identifier).")
+    entry: str = doc(
+        "'module:callable', imported with the spec's directory on sys.path. A class or a factory "
+        "(called with args/kwargs) must give an nn.Module; a function with required parameters is "
+        "itself the model."
+    )
+    inputs: list[Input] = doc("Tensor inputs in call order.")
+    args: list[Any] = doc("Positional arguments for the entry callable.", default_factory=list)
+    kwargs: dict[str, Any] = doc("Keyword arguments for the entry callable.", default_factory=dict)
+    dims: dict[str, Dim] = doc("Dynamic dimensions by name.", default_factory=dict)
+    seed: int = doc("Seed set before building the model and its example inputs (deterministic init).", default=0)
+    atol: float = doc("Absolute tolerance of `shimgen check` against eager.", default=1e-4)
+    rtol: float = doc("Relative tolerance of `shimgen check` against eager.", default=1e-4)
+
+
+@dataclass
+class Target:
+    """[[target]]: a device the package is built for."""
+
+    device: Literal["cpu", "cuda"] = doc("Device of the kernels.")
+    isa: Literal["native", "avx2", "avx512", "default"] | None = doc(
+        "CPU only: instruction set of the kernels. 'native' is this machine's (fastest, not portable); "
+        "'default' is baseline x86-64 (portable). Default: native.",
+        default=None,
+    )
+    archs: list[str] = doc("CUDA only: GPU architectures such as 'sm_90'.", default_factory=list)
+
+
+@dataclass
+class Flags:
+    """[flags]: compile options."""
+
+    wrapper_opt: OptLevel = doc("Optimization level of the wrapper and binding translation units.", default="O1")
+    kernel_opt: OptLevel = doc("Optimization level of the kernel translation units.", default="O3")
+    pch: bool = doc("Precompile the heavy common headers (awaits the build-speed issue).", default=False)
+    split: int = doc("Kernel translation units per graph (>1 awaits the build-speed issue).", default=1)
+    freezing: bool = doc("Fold weights into the graph as constants (Inductor freezing): faster inference.", default=True)
+    max_autotune: bool = doc("Let Inductor benchmark kernel choices (GEMM templates) at build time.", default=False)
+    tma: bool = doc("CUDA only: Hopper TMA descriptors (awaits the CUDA target issue).", default=False)
+    cuda_graphs: bool = doc("CUDA only: capture and replay inside the shim (awaits the CUDA target issue).", default=False)
+
+
+@dataclass
+class CustomOp:
+    """[[custom_op]]: reserved for custom C++/Triton ops (not yet supported)."""
+
+    name: str = doc("Qualified op name such as 'mylib::fused_gelu'.")
+    sources: list[str] = doc("Source files of the op.", default_factory=list)
+
+
+@dataclass
+class ProjectSpec:
+    """A shimgen spec file."""
+
+    project: Project = doc("The generated package.")
+    graph: list[Graph] = doc("Graphs to trace and compile; one callable each.")
+    target: list[Target] = doc("Devices to build for. Default: one native CPU target.", default_factory=list)
+    flags: Flags = doc("Compile options.", default_factory=Flags)
+    custom_op: list[CustomOp] = doc("Custom ops (not yet supported).", default_factory=list)

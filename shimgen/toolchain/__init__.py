@@ -1,0 +1,144 @@
+"""Toolchain: finds Python, torch, the C++ compiler, Meson and ninja, and proves they work together.
+
+Detection never imports torch (a no-op rebuild must stay fast); the proof builds a tiny probe
+extension with the same Meson setup as a real project and imports it in a subprocess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import BuildError, UserError
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    python: str
+    python_version: str
+    torch_version: str
+    torch_includes: tuple[str, ...]
+    torch_lib: str
+    cxx: str
+    cxx_identity: str
+    meson: tuple[str, ...]
+    ninja: str
+    variable_maybe_owned: bool
+    has_last_error: bool
+
+    @property
+    def key(self) -> str:
+        """Hash of everything that makes compiled output differ between toolchains."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "CXX": self.cxx}
+
+
+def detect() -> Toolchain:
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError("torch is not installed in this Python; install torch first (pip install torch==<version>)")
+    torch_dir = Path(spec.submodule_search_locations[0])
+    torch_version = importlib.metadata.version("torch").split("+")[0]
+    include = torch_dir / "include"
+    variable_header = include / "torch/csrc/autograd/python_variable.h"
+    interface_header = include / "torch/csrc/inductor/aoti_runtime/interface.h"
+    if not variable_header.is_file() or not interface_header.is_file():
+        raise UserError(f"torch {torch_version} at {torch_dir} ships no C++ headers; a full torch wheel is needed")
+    layout = re.search(r"struct THPVariable \{.*?\n\s*(c10::MaybeOwned<at::Tensor>|at::Tensor) cdata;", variable_header.read_text(), re.S)
+    if layout is None:
+        raise UserError(f"torch {torch_version}: unknown THPVariable layout in {variable_header}; this torch is not supported")
+    cxx = _find_compiler()
+    return Toolchain(
+        python=sys.executable,
+        python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
+        torch_version=torch_version,
+        torch_includes=(str(include), sysconfig.get_paths()["include"]),
+        torch_lib=str(torch_dir / "lib"),
+        cxx=cxx,
+        cxx_identity=_compiler_identity(cxx),
+        meson=_find_meson(),
+        ninja=_find_ninja(),
+        variable_maybe_owned=layout.group(1).startswith("c10::MaybeOwned"),
+        has_last_error="AOTInductorGetLastError" in interface_header.read_text(),
+    )
+
+
+def prove(tc: Toolchain, cache_dir: Path) -> Path:
+    """Build and load the probe extension once per toolchain key; BuildError names what failed."""
+    from ..render import render_probe
+
+    probe_dir = cache_dir / tc.key
+    stamp = probe_dir / "proved.json"
+    if stamp.is_file():
+        return probe_dir
+    source, build = probe_dir / "src", probe_dir / "build"
+    shutil.rmtree(probe_dir, ignore_errors=True)
+    render_probe(tc, source)
+    steps = [
+        ([*tc.meson, "setup", str(source), str(build)], "meson setup"),
+        ([tc.ninja, "-C", str(build)], "compile"),
+        ([tc.python, str(source / "check_probe.py"), str(build)], "import"),
+    ]
+    for cmd, what in steps:
+        result = subprocess.run(cmd, env=tc.env(), capture_output=True, text=True)
+        if result.returncode != 0:
+            crashed = result.returncode < 0
+            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
+            raise BuildError(
+                f"toolchain probe failed at {what}"
+                + (f" (the probe crashed with signal {-result.returncode} while loading)" if crashed else "")
+                + f": compiler {tc.cxx} ({tc.cxx_identity}) with torch {tc.torch_version}.\n{tail}\n"
+                "Fix: set CXX to a compiler that builds loadable torch extensions (e.g. CXX=/usr/bin/g++)."
+            )
+    stamp.write_text(json.dumps(asdict(tc), indent=2))
+    return probe_dir
+
+
+def _find_compiler() -> str:
+    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
+    for name in candidates:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise UserError(f"no C++ compiler found (tried {', '.join(candidates)}); install g++ or set CXX")
+
+
+def _compiler_identity(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise UserError(f"C++ compiler {cxx} does not run: {exc}") from None
+    return out.splitlines()[0].strip() if out else cxx
+
+
+def _find_meson() -> tuple[str, ...]:
+    if importlib.util.find_spec("mesonbuild") is not None:
+        return (sys.executable, "-m", "mesonbuild.mesonmain")
+    path = shutil.which("meson")
+    if path is None:
+        raise UserError("Meson is not installed: pip install meson")
+    return (path,)
+
+
+def _find_ninja() -> str:
+    path = shutil.which("ninja")
+    if path is None:
+        try:
+            import ninja  # type: ignore[import-not-found]
+
+            path = str(Path(ninja.BIN_DIR) / "ninja")
+        except ImportError:
+            raise UserError("ninja is not installed: pip install ninja") from None
+    return path
