@@ -25,6 +25,7 @@ from .render import GraphSources
 from .spec import Graph, ProjectSpec, Target, load_spec
 
 Progress = Callable[[str, str], None]
+CHECK_ONLY_FIELDS = ("atol", "rtol")  # used by `shimgen check`, not by the build
 
 
 @dataclass
@@ -73,7 +74,14 @@ class Layout:
 
 
 def build(spec_path: Path, out: Path, force: bool = False, progress: Progress | None = None) -> BuildOutput:
-    report = progress or (lambda stage, msg: None)
+    try:
+        return _build(spec_path, out, force, progress or (lambda stage, msg: None))
+    except SpecError as exc:
+        exc.file = exc.file or str(spec_path)
+        raise
+
+
+def _build(spec_path: Path, out: Path, force: bool, report: Progress) -> BuildOutput:
     spec = load_spec(spec_path)
     target = _cpu_target(spec)
     out = out.resolve()
@@ -84,7 +92,11 @@ def build(spec_path: Path, out: Path, force: bool = False, progress: Progress | 
 
     with _stage(result, "toolchain", report):
         tc = toolchain.detect()
-        toolchain.prove(tc, out / "build" / ".toolchain")
+        toolchain.prove(tc, toolchain.cache_dir())
+    if state.get("toolchain") != tc.key:
+        # A Meson build directory keeps the compiler it was configured with.
+        shutil.rmtree(layout.root / "meson", ignore_errors=True)
+        state = {"toolchain": tc.key}
 
     sources = []
     graph_state = state.setdefault("graphs", {})
@@ -179,7 +191,8 @@ def _trace_and_codegen(
 
 def _trace_key(graph: Graph, tc: toolchain.Toolchain, deps: dict[str, str]) -> str:
     current = {path: _hash_file(Path(path)) for path in deps}
-    return _key(dataclasses.asdict(graph), tc.torch_version, current, _source_of(trace), _source_of(entry))
+    section = {k: v for k, v in dataclasses.asdict(graph).items() if k not in CHECK_ONLY_FIELDS}
+    return _key(section, tc.torch_version, current, _source_of(trace), _source_of(entry))
 
 
 def _project_modules(spec_dir: Path) -> dict[str, str]:

@@ -36,7 +36,7 @@ def load_spec(path: Path) -> ProjectSpec:
         spec = convert(data, ProjectSpec, "")
         validate(spec)
     except SpecError as exc:
-        exc.file = path.name
+        exc.file = str(path)
         raise
     return spec
 

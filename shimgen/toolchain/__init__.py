@@ -75,6 +75,13 @@ def detect() -> Toolchain:
     )
 
 
+def cache_dir() -> Path:
+    """Per-user cache of proved toolchains: $SHIMGEN_CACHE_DIR, else $XDG_CACHE_HOME/shimgen/toolchain."""
+    if os.environ.get("SHIMGEN_CACHE_DIR"):
+        return Path(os.environ["SHIMGEN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shimgen" / "toolchain"
+
+
 def prove(tc: Toolchain, cache_dir: Path) -> Path:
     """Build and load the probe extension once per toolchain key; BuildError names what failed."""
     from ..render import render_probe
@@ -103,6 +110,7 @@ def prove(tc: Toolchain, cache_dir: Path) -> Path:
                 "Fix: set CXX to a compiler that builds loadable torch extensions (e.g. CXX=/usr/bin/g++)."
             )
     stamp.write_text(json.dumps(asdict(tc), indent=2))
+    shutil.rmtree(build, ignore_errors=True)
     return probe_dir
 
 
