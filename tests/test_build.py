@@ -1,0 +1,177 @@
+"""End to end: real Meson, ninja, g++, meson-python and pip, on the mlp and two-graph specs."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import REPO, build_json, shimgen
+from shimgen.entry import call_model, load_model, make_inputs
+from shimgen.spec import load_spec
+
+pytestmark = pytest.mark.slow
+
+
+def import_built(summary: dict[str, Any]) -> Any:
+    sys.path.insert(0, summary["package_dir"])
+    try:
+        return importlib.import_module(summary["name"])
+    finally:
+        sys.path.remove(summary["package_dir"])
+
+
+def eager_and_inputs(spec_path: Path, graph_index: int, sizes: dict[str, int], seed: int = 7) -> tuple[Any, Any, list[torch.Tensor]]:
+    spec = load_spec(spec_path)
+    graph = spec.graph[graph_index]
+    model = load_model(graph, f"graph[{graph_index}]", spec_path.parent)
+    return graph, model, make_inputs(graph, sizes, seed)
+
+
+def test_build_summary(built_mlp: dict[str, Any], workdir: Path) -> None:
+    assert built_mlp["graphs"] == ["forward"]
+    assert Path(built_mlp["wheel"]).is_file() and Path(built_mlp["wheel"]).parent == workdir / "dist"
+    assert Path(built_mlp["package_dir"], "mlp", "__init__.py").is_file()
+    assert {"toolchain", "trace", "codegen", "render", "compile", "package"} <= set(built_mlp["stages"])
+    assert built_mlp["compiled_units"]["done"] == built_mlp["compiled_units"]["total"] > 0
+    assert built_mlp["target"] == "cpu-native"
+
+
+def test_mlp_matches_eager(built_mlp: dict[str, Any], workdir: Path) -> None:
+    mlp = import_built(built_mlp)
+    for batch in (1, 5, 64):
+        graph, model, inputs = eager_and_inputs(workdir / "projects" / "mlp.toml", 0, {"batch": batch})
+        with torch.no_grad():
+            torch.testing.assert_close(mlp.forward(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+
+
+def test_two_graphs_keep_structure(built_multi: dict[str, Any], workdir: Path) -> None:
+    multi = import_built(built_multi)
+    spec_path = workdir / "projects" / "multi.toml"
+    graph, model, (x, scale) = eager_and_inputs(spec_path, 0, {"batch": 3})
+    with torch.no_grad():
+        want = model(x, scale=scale)
+    got = multi.heads(x, scale=scale)
+    assert isinstance(got, dict) and list(got) == ["logits", "stats"] and isinstance(got["stats"], tuple)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(TypeError, match="takes 1 positional input but 2 were given"):
+        multi.heads(x, scale)  # scale is keyword-only, as in the model
+
+    graph, fn, (a, b) = eager_and_inputs(spec_path, 1, {"n": 7, "m": 2})
+    torch.testing.assert_close(multi.distance(a, b=b), fn(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_docstrings_list_inputs(built_multi: dict[str, Any]) -> None:
+    multi = import_built(built_multi)
+    doc = multi.heads.__doc__
+    assert doc.startswith("heads(x, *, scale)")
+    assert "x: float32[batch, 32]" in doc and "scale: float32[32]" in doc and "batch: 1..16" in doc
+    assert "Returns: {'logits': Tensor, 'stats': (Tensor, Tensor)}" in doc
+    assert "n: 1..32" in multi.distance.__doc__ and "m: 2..8" in multi.distance.__doc__
+
+
+def test_noop_rebuild_skips_every_stage(built_mlp: dict[str, Any], workdir: Path) -> None:
+    again = build_json(workdir / "projects" / "mlp.toml", workdir)
+    assert {"trace:forward", "codegen:forward", "package"} <= set(again["skipped"])
+    assert again["compiled_units"]["done"] in (0, 1)  # at most Meson's own regeneration step
+    assert again["wheel"] == built_mlp["wheel"]
+
+
+def test_check_passes(built_multi: dict[str, Any], workdir: Path) -> None:
+    result = shimgen("check", workdir / "projects" / "multi.toml", "--out", workdir, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"]
+    cases = {(c["graph"], c["case"]) for c in report["comparisons"]}
+    assert {("heads", "example"), ("heads", "batch=1"), ("heads", "batch=16"), ("distance", "m=2"), ("distance", "n=32")} <= cases
+    assert "all 19 outputs match eager" in result.stderr
+
+
+def test_check_fails_beyond_tolerance(built_multi: dict[str, Any], workdir: Path) -> None:
+    spec = (workdir / "projects" / "multi.toml").read_text()
+    tight = workdir / "projects" / "multi_tight.toml"
+    # Same project and graphs (no rebuild: tolerances are check-only); zero tolerance on `heads`,
+    # whose LayerNorm and softmax reductions are ordered differently from eager.
+    tight.write_text(spec.replace('dims = { batch = { min = 1, max = 16 } }', 'dims = { batch = { min = 1, max = 16 } }\natol = 0.0\nrtol = 0.0'))
+    result = shimgen("check", tight, "--out", workdir)
+    assert result.returncode == 1, result.stderr
+    assert "MISMATCH" in result.stderr and "beyond tolerance" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_wheels_install_into_fresh_venv(built_mlp: dict[str, Any], built_multi: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    torch_version = torch.__version__.split("+")[0]
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # torch first and explicitly (never resolved by a wheel's requirement), then the built wheels.
+    subprocess.run([*pip, f"torch=={torch_version}"], check=True)
+    subprocess.run([*pip, built_mlp["wheel"], built_multi["wheel"]], check=True)
+
+    graph, model, (x,) = eager_and_inputs(workdir / "projects" / "mlp.toml", 0, {"batch": 6})
+    hgraph, heads, (hx, scale) = eager_and_inputs(workdir / "projects" / "multi.toml", 0, {"batch": 2})
+    with torch.no_grad():
+        expected = {"mlp": model(x), "heads": heads(hx, scale=scale)}
+    torch.save({"inputs": (x, hx, scale), "expected": expected}, tmp_path / "case.pt")
+    script = f"""
+import importlib.util, torch, mlp, multi
+assert importlib.util.find_spec("shimgen") is None, "shimgen must not be needed at run time"
+case = torch.load({str(tmp_path / "case.pt")!r})
+x, hx, scale = case["inputs"]
+torch.testing.assert_close(mlp.forward(x), case["expected"]["mlp"], rtol=1e-5, atol=1e-5)
+torch.testing.assert_close(multi.heads(hx, scale=scale), case["expected"]["heads"], rtol=1e-4, atol=1e-5)
+print("venv ok", mlp.__file__)
+"""
+    run = subprocess.run([str(python), "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert str(env_dir) in run.stdout
+    requires = subprocess.run([str(python), "-m", "pip", "show", "mlp"], capture_output=True, text=True).stdout
+    assert f"Requires: torch" in requires
+    metadata = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.requires('mlp'))"], capture_output=True, text=True
+    ).stdout
+    assert f"torch=={torch_version}" in metadata
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
+    wheel, site = Path(built_mlp["wheel"]), Path(built_mlp["package_dir"])
+    before = (_digest(wheel), sorted(p.name for p in (site / "mlp").iterdir()))
+    spec = workdir / "projects" / "mlp.toml"
+    original = spec.read_text()
+    try:
+        # A model edit that breaks tracing.
+        spec.write_text(original.replace('shape = ["batch", 32]', 'shape = ["batch", 33]'))
+        result = shimgen("build", spec, "--out", workdir)
+        assert result.returncode == 2 and "the model rejected the example inputs" in result.stderr
+        spec.write_text(original)
+
+        # A compiler that fails on the binding: the message names the unit and its first error.
+        fake = tmp_path / "failing-c++"
+        fake.write_text('#!/bin/sh\ncase "$*" in *binding.cpp*) echo "binding.cpp:1:1: error: injected failure" >&2; exit 1;; esac\nexec g++ "$@"\n')
+        fake.chmod(0o755)
+        result = shimgen("build", spec, "--out", workdir, env={"CXX": str(fake)})
+        assert result.returncode == 1, result.stderr
+        assert "compile failed in" in result.stderr and "src/forward/binding.cpp" in result.stderr
+        assert "error: injected failure" in result.stderr and "Traceback" not in result.stderr
+    finally:
+        spec.write_text(original)
+    assert (_digest(wheel), sorted(p.name for p in (site / "mlp").iterdir())) == before
+    check = subprocess.run(
+        [sys.executable, "-c", f"import sys, torch; sys.path.insert(0, {str(site)!r}); import mlp; print(mlp.forward(torch.ones(2, 32)).shape)"],
+        capture_output=True, text=True,
+    )
+    assert check.stdout.strip() == "torch.Size([2, 32])", check.stderr
