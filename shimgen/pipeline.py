@@ -94,9 +94,11 @@ def _build(spec_path: Path, out: Path, force: bool, report: Progress) -> BuildOu
         tc = toolchain.detect()
         toolchain.prove(tc, toolchain.cache_dir())
     if state.get("toolchain") != tc.key:
-        # A Meson build directory keeps the compiler it was configured with.
+        # A Meson build directory keeps the compiler it was configured with. Trace and codegen
+        # records stay: their keys hold the torch version, and their output ignores the compiler.
         shutil.rmtree(layout.root / "meson", ignore_errors=True)
-        state = {"toolchain": tc.key}
+        state.pop("package_key", None)
+        state["toolchain"] = tc.key
 
     sources = []
     graph_state = state.setdefault("graphs", {})

@@ -13,11 +13,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-def shimgen(*args: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+# The installed console script when there is one (CI installs shimgen), else the source tree.
+SCRIPT = Path(sys.executable).with_name("shimgen")
+COMMAND = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-m", "shimgen"]
+
+
+def shimgen(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, as a user would."""
     return subprocess.run(
-        [sys.executable, "-m", "shimgen", *map(str, args)],
-        cwd=cwd or REPO, capture_output=True, text=True, env={**os.environ, **(env or {})},
+        [*COMMAND, *map(str, args)], cwd=REPO if COMMAND[0] == sys.executable else None,
+        capture_output=True, text=True, env={**os.environ, **(env or {})},
     )
 
 

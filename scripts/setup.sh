@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Creates .venv with torch (pinned and installed first, so nothing resolves a CUDA build from the
+# registry), the build tools, the test tools and shimgen itself (built by meson-python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+PYTHON="${PYTHON:-python3}"
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${pip[@]}" "torch==${TORCH_VERSION}"
+"${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja jinja2 pytest
+"${pip[@]}" --no-build-isolation --no-deps --force-reinstall .
+echo "setup: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), $(.venv/bin/shimgen --help >/dev/null && echo 'shimgen installed')"
