@@ -175,3 +175,18 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
         capture_output=True, text=True,
     )
     assert check.stdout.strip() == "torch.Size([2, 32])", check.stderr
+
+
+def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
+    spec = workdir / "projects" / "mlp_portable.toml"
+    spec.write_text((workdir / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_portable"')
+                    + '\n[[target]]\ndevice = "cpu"\nisa = "default"\n')
+    summary = build_json(spec, workdir)
+    assert summary["target"] == "cpu-default"
+    commands = json.loads((workdir / "build" / "mlp_portable" / "meson" / "compile_commands.json").read_text())
+    assert commands and all("-march=native" not in c["command"] and "-march=x86-64 " in c["command"] + " " for c in commands)
+    assert not any("CPU_CAPABILITY_AVX" in c["command"] for c in commands)
+    package = import_built(summary)
+    graph, model, (x,) = eager_and_inputs(spec, 0, {"batch": 9})
+    with torch.no_grad():
+        torch.testing.assert_close(package.forward(x), model(x), rtol=1e-5, atol=1e-5)
