@@ -41,6 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     p = spec_command("build", "trace, generate, compile and package a spec")
     p.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
     p.add_argument("--force", action="store_true", help="ignore recorded stage keys and rebuild everything")
+    p.add_argument("--no-cache", action="store_true", help="do not compile through ccache/sccache even when one is on PATH")
     p.set_defaults(run=_build)
 
     p = spec_command("check", "build if needed, then compare the package with eager PyTorch")
@@ -63,14 +64,14 @@ def _progress(stage: str, message: str) -> None:
         print(f"[{stage}] {message}", file=sys.stderr, flush=True)
 
 
-def _run_build(args: argparse.Namespace, force: bool = False):  # type: ignore[no-untyped-def]
+def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True):  # type: ignore[no-untyped-def]
     from .pipeline import build
 
-    return build(args.spec, args.out, force=force, progress=_progress)
+    return build(args.spec, args.out, force=force, use_cache=use_cache, progress=_progress)
 
 
 def _build(args: argparse.Namespace) -> int:
-    result = _run_build(args, force=args.force)
+    result = _run_build(args, force=args.force, use_cache=not args.no_cache)
     _print_summary(result)
     if args.json:
         print(json.dumps(result.summary(), indent=2))
@@ -82,6 +83,9 @@ def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
     print(f"\nbuilt {result.name} ({result.target}): {', '.join(result.graphs)}", file=err)
     print(f"  wheel:       {result.wheel}", file=err)
     print(f"  package_dir: {result.package_dir}", file=err)
+    print(f"  compiler cache: {result.compiler_cache or 'none (no ccache/sccache on PATH, or --no-cache)'}", file=err)
+    if result.skipped:
+        print(f"  up to date, skipped: {', '.join(result.skipped)}", file=err)
     print(f"  {'stage':<10} {'seconds':>8}", file=err)
     for stage, seconds in result.stages.items():
         print(f"  {stage:<10} {seconds:>8.2f}", file=err)

@@ -1,9 +1,11 @@
 """Codegen stage: ExportedProgram → C++ sources through Inductor's AOT C++ codegen (cpp-only output).
 
-Inductor writes one `<hash>.wrapper.cpp` holding the wrapper and, after an include of
-`cpp_prefix.h`, the CPU kernels as `extern "C"` functions; plus the weights as an ELF object and
-its compile flags as JSON. shimgen splits wrapper from kernels (each gets its own opt level) and
-takes the ISA from the spec's target, never from the build machine.
+Inductor writes one `<hash>.wrapper.cpp`: the AOTI runtime interface (an `extern "C"` block that
+is the same text for every graph), the model class, then each CPU kernel as an `extern "C"`
+function after its own include of `cpp_prefix.h`; plus the weights as an ELF object and the
+compile flags as JSON. shimgen cuts that file into translation units that compile in parallel:
+interface.cpp (shared by a project's graphs), model.cpp, and `split` kernel files, and takes the
+ISA from the spec's target, never from the build machine.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 from .errors import UserError
 from .spec import Flags, Target
 
-KERNELS_START = "#include <torch/csrc/inductor/cpp_prefix.h>"
+KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>"
+INTERFACE_END = '} // extern "C"\n'
 # -march and CPU_CAPABILITY per spec isa; 'native' keeps what Inductor picked for this machine.
 ISA_FLAGS = {
     "avx512": (512, ["-march=x86-64-v4", "-mfma"], "CPU_CAPABILITY_AVX512"),
@@ -30,8 +33,9 @@ ISA_FLAGS = {
 
 @dataclass
 class GeneratedSources:
-    wrapper: Path
-    kernels: Path | None
+    interface: Path
+    model: Path
+    kernels: list[Path]
     weights: Path
     defines: list[str]
     inductor_args: list[str]
@@ -65,17 +69,13 @@ def generate(program: Any, target: Target, flags: Flags, out_dir: Path) -> Gener
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
             raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}") from exc
         files = _extract(package)
-    wrapper_text = files[".wrapper.cpp"].decode()
     flags_json = json.loads(files[".wrapper_compile_flags.json"])
-    wrapper_part, kernels_part = _split_kernels(wrapper_text)
-    wrapper = _write(out_dir / "wrapper.cpp", wrapper_part)
-    kernels = _write(out_dir / "kernels.cpp", kernels_part) if kernels_part else None
-    if kernels is None:
-        (out_dir / "kernels.cpp").unlink(missing_ok=True)
+    interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
+    kernel_files = [_write(out_dir / f"kernels_{k}.cpp", text) for k, text in enumerate(kernels)]
     weights = out_dir / "weights.o"
     weights.write_bytes(files[".weights.o"])
     defines, args = _compile_flags(flags_json, target)
-    return GeneratedSources(wrapper, kernels, weights, defines, args)
+    return GeneratedSources(_write(out_dir / "interface.cpp", interface), _write(out_dir / "model.cpp", model), kernel_files, weights, defines, args)
 
 
 def _extract(package: Path) -> dict[str, bytes]:
@@ -93,13 +93,25 @@ def _extract(package: Path) -> dict[str, bytes]:
     return found
 
 
-def _split_kernels(text: str) -> tuple[str, str]:
+def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
+    """(interface, model, kernel files): the kernels dealt into at most `parts` files of similar size."""
     # Drop Inductor's trailing "// g++ ..." notes: they hold build-machine temp paths.
     text = re.sub(r"\n// (g\+\+|c\+\+|clang\+\+) [^\n]*", "", text).rstrip() + "\n"
-    head, sep, kernels = text.partition("\n" + KERNELS_START + "\n")
-    if not sep:
-        return text, ""
-    return head + "\n", KERNELS_START + "\n" + kernels
+    end = text.find(INTERFACE_END)
+    if end < 0:
+        raise UserError("Inductor's wrapper has no runtime interface block; this torch version is not supported")
+    end += len(INTERFACE_END)
+    interface, rest = text[:end], text[end:]
+    includes = "".join(line + "\n" for line in interface.splitlines() if line.startswith("#include"))
+    model, *kernels = rest.split(KERNEL_START + "\n")
+    kernels = [KERNEL_START + "\n" + k for k in kernels]
+    bins: list[list[int]] = [[] for _ in range(min(parts, len(kernels)))]
+    sizes = [0] * len(bins)
+    for k in sorted(range(len(kernels)), key=lambda k: -len(kernels[k])):  # largest first, into the emptiest file
+        emptiest = sizes.index(min(sizes))
+        bins[emptiest].append(k)
+        sizes[emptiest] += len(kernels[k])
+    return interface, includes + model, ["".join(kernels[k] for k in sorted(b)) for b in bins]
 
 
 def _compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str], list[str]]:

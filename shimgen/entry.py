@@ -23,6 +23,7 @@ def load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
     module_name, _, attr = graph.entry.partition(":")
     if str(spec_dir) not in sys.path:
         sys.path.insert(0, str(spec_dir))
+    _forget_project_modules(spec_dir)  # so that project_modules() sees exactly this entry's imports
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as exc:
@@ -45,6 +46,21 @@ def load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
     if callable(model):
         return model
     raise SpecError("", f"{where}.entry", f"'{graph.entry}' returned {type(model).__name__}, not an nn.Module or function")
+
+
+def _forget_project_modules(spec_dir: Path) -> None:
+    for name, module in list(sys.modules.items()):
+        if _under(getattr(module, "__file__", None), spec_dir):
+            del sys.modules[name]
+
+
+def project_modules(spec_dir: Path) -> list[Path]:
+    """Source files of the imported modules that live under the spec's directory."""
+    return sorted({Path(m.__file__).resolve() for m in list(sys.modules.values()) if _under(getattr(m, "__file__", None), spec_dir)})
+
+
+def _under(path: str | None, directory: Path) -> bool:
+    return bool(path) and Path(path).resolve().is_relative_to(directory.resolve())
 
 
 def _is_model_function(target: Any, graph: Graph) -> bool:

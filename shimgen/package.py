@@ -16,12 +16,12 @@ from .toolchain import Toolchain
 _BUILD_WHEEL = "import sys, mesonpy; print(mesonpy.build_wheel(sys.argv[1], {'build-dir': sys.argv[2]}))"
 
 
-def build_wheel(source: Path, build: Path, dist: Path, tc: Toolchain) -> Path:
+def build_wheel(source: Path, build: Path, dist: Path, tc: Toolchain, launcher: str | None) -> Path:
     """meson-python, without build isolation, reusing the compile stage's build directory."""
     dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
         result = subprocess.run(
-            [tc.python, "-c", _BUILD_WHEEL, tmp, str(build)], cwd=source, env=tc.env(), capture_output=True, text=True
+            [tc.python, "-c", _BUILD_WHEEL, tmp, str(build)], cwd=source, env=tc.env(launcher), capture_output=True, text=True
         )
         if result.returncode != 0:
             raise BuildError("meson-python could not build the wheel:\n" + "\n".join((result.stdout + result.stderr).strip().splitlines()[-20:]))

@@ -23,6 +23,7 @@ from . import codegen, entry, package, render, toolchain, trace
 from .errors import SpecError, UserError
 from .render import GraphSources
 from .spec import Graph, ProjectSpec, Target, load_spec
+from .toolchain.pch import ensure_pch
 
 Progress = Callable[[str, str], None]
 CHECK_ONLY_FIELDS = ("atol", "rtol")  # used by `shimgen check`, not by the build
@@ -39,6 +40,7 @@ class BuildOutput:
     compile_units: tuple[int, int] = (0, 0)
     slowest_units: list[tuple[str, float]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    compiler_cache: str | None = None
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,7 @@ class BuildOutput:
             "compiled_units": {"done": self.compile_units[0], "total": self.compile_units[1]},
             "slowest_units": [{"unit": u, "seconds": s} for u, s in self.slowest_units],
             "skipped": self.skipped,
+            "compiler_cache": self.compiler_cache,
         }
 
 
@@ -73,15 +76,15 @@ class Layout:
         return self.root / "state.json"
 
 
-def build(spec_path: Path, out: Path, force: bool = False, progress: Progress | None = None) -> BuildOutput:
+def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = True, progress: Progress | None = None) -> BuildOutput:
     try:
-        return _build(spec_path, out, force, progress or (lambda stage, msg: None))
+        return _build(spec_path, out, force, use_cache, progress or (lambda stage, msg: None))
     except SpecError as exc:
         exc.file = exc.file or str(spec_path)
         raise
 
 
-def _build(spec_path: Path, out: Path, force: bool, report: Progress) -> BuildOutput:
+def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
     spec = load_spec(spec_path)
     target = _cpu_target(spec)
     out = out.resolve()
@@ -93,12 +96,14 @@ def _build(spec_path: Path, out: Path, force: bool, report: Progress) -> BuildOu
     with _stage(result, "toolchain", report):
         tc = toolchain.detect()
         toolchain.prove(tc, toolchain.cache_dir())
-    if state.get("toolchain") != tc.key:
+    launcher = toolchain.compiler_cache() if use_cache else None
+    result.compiler_cache = launcher
+    if state.get("meson_config") != [tc.key, launcher]:
         # A Meson build directory keeps the compiler it was configured with. Trace and codegen
         # records stay: their keys hold the torch version, and their output ignores the compiler.
         shutil.rmtree(layout.root / "meson", ignore_errors=True)
         state.pop("package_key", None)
-        state["toolchain"] = tc.key
+        state["meson_config"] = [tc.key, launcher]
 
     sources = []
     graph_state = state.setdefault("graphs", {})
@@ -112,9 +117,12 @@ def _build(spec_path: Path, out: Path, force: bool, report: Progress) -> BuildOu
 
     project_dir, meson_dir = layout.root / "project", layout.root / "meson"
     with _stage(result, "render", report):
-        render.render_project(spec, spec_path.name, target, tc, sources, project_dir)
+        pch = {}
+        if spec.flags.pch:
+            pch = ensure_pch(tc, render.inductor_args(sources[0].meta), spec.flags.wrapper_opt, spec.flags.kernel_opt)
+        render.render_project(spec, spec_path.name, target, tc, sources, pch, project_dir)
     with _stage(result, "compile", report):
-        compiled = compile_stage.compile_project(project_dir, meson_dir, tc, lambda msg: report("compile", msg))
+        compiled = compile_stage.compile_project(project_dir, meson_dir, tc, launcher, lambda msg: report("compile", msg))
     result.compile_units = (compiled.units_done, compiled.units_total)
     result.slowest_units = sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5]
 
@@ -124,7 +132,7 @@ def _build(spec_path: Path, out: Path, force: bool, report: Progress) -> BuildOu
         result.skipped.append("package")
     else:
         with _stage(result, "package", report):
-            wheel = package.build_wheel(project_dir, meson_dir, layout.dist, tc)
+            wheel = package.build_wheel(project_dir, meson_dir, layout.dist, tc, launcher)
             package.unpack(wheel, layout.site)
         state.update(package_key=package_key, wheel=str(wheel))
         _save_state(layout.state_file, state)
@@ -167,7 +175,7 @@ def _trace_and_codegen(
     else:
         with _stage(result, "trace", report, graph.name):
             traced = trace.trace(graph, where, spec_dir)
-            deps = _project_modules(spec_dir)
+            deps = {str(path): _hash_file(path) for path in entry.project_modules(spec_dir)}
             trace_dir.mkdir(parents=True, exist_ok=True)
             torch.export.save(traced.program, str(program_file))
             program = traced.program
@@ -184,7 +192,7 @@ def _trace_and_codegen(
             generated = codegen.generate(program, target, spec.flags, staging)
         except UserError as exc:
             raise SpecError("", where, str(exc)) from None
-        meta = {**out_meta, "defines": generated.defines, "inductor_args": generated.inductor_args, "has_kernels": generated.kernels is not None}
+        meta = {**out_meta, "defines": generated.defines, "inductor_args": generated.inductor_args}
         (staging / "codegen.json").write_text(json.dumps(meta, indent=1))
         _replace_dir(staging, codegen_dir)
     record["codegen_key"] = codegen_key
@@ -195,16 +203,6 @@ def _trace_key(graph: Graph, tc: toolchain.Toolchain, deps: dict[str, str]) -> s
     current = {path: _hash_file(Path(path)) for path in deps}
     section = {k: v for k, v in dataclasses.asdict(graph).items() if k not in CHECK_ONLY_FIELDS}
     return _key(section, tc.torch_version, current, _source_of(trace), _source_of(entry))
-
-
-def _project_modules(spec_dir: Path) -> dict[str, str]:
-    """Source files of every imported module that lives under the spec's directory."""
-    files = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if path and Path(path).resolve().is_relative_to(spec_dir):
-            files[str(Path(path).resolve())] = _hash_file(Path(path))
-    return files
 
 
 def _source_of(module: Any) -> str:

@@ -5,6 +5,7 @@ Files are written only when their content changes, so ninja rebuilds only what r
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ class GraphSources:
 
     graph: Graph
     codegen_dir: Path
-    meta: dict[str, Any]  # codegen.json: out_nodes, num_outputs, defines, inductor_args, has_kernels
+    meta: dict[str, Any]  # codegen.json: out_nodes, num_outputs, defines, inductor_args
 
 
 def _env() -> jinja2.Environment:
@@ -62,11 +63,37 @@ def render_probe(tc: Toolchain, out: Path) -> None:
         write_if_changed(out / Path(name).name, (TEMPLATES / name).read_bytes())
 
 
-def render_project(spec: ProjectSpec, spec_file: str, target: Target, tc: Toolchain, graphs: list[GraphSources], out: Path) -> list[Path]:
+def render_pch(tc: Toolchain, inductor_args: list[str], wrapper_opt: str, kernel_opt: str, out: Path) -> None:
+    env = _env()
+    context = {"tc": tc, "inductor_args": inductor_args, "wrapper_opt": OPT[wrapper_opt], "kernel_opt": OPT[kernel_opt]}
+    write_if_changed(out / "meson.build", env.get_template("pch/meson.build.j2").render(context))
+    write_if_changed(out / "empty.cpp", "")
+    for name in ("wrapper_pch.h", "kernel_pch.h"):
+        write_if_changed(out / "pch" / name, (TEMPLATES / "pch" / name).read_bytes())
+
+
+def render_project(
+    spec: ProjectSpec, spec_file: str, target: Target, tc: Toolchain, graphs: list[GraphSources], pch: dict[str, Path], out: Path
+) -> list[Path]:
     """Write the generated Meson project into `out`; returns every file it consists of."""
     env = _env()
     name = spec.project.name
     first = graphs[0].meta
+    files: dict[Path, str | bytes] = {}
+    interfaces: dict[str, dict[str, str]] = {}
+    graph_context = []
+    binding = env.get_template("project/binding.cpp.j2")
+    for g in graphs:
+        src = out / "src" / g.graph.name
+        interface = (g.codegen_dir / "interface.cpp").read_bytes()
+        digest = hashlib.sha256(interface).hexdigest()[:12]
+        entry = interfaces.setdefault(digest, {"target": f"aoti_interface_{len(interfaces)}", "file": f"aoti_interface_{digest}.cpp"})
+        files[out / "src" / entry["file"]] = interface
+        kernels = sorted(p.name for p in g.codegen_dir.glob("kernels_*.cpp"))
+        for part in ["model.cpp", "weights.o", *kernels]:
+            files[src / part] = (g.codegen_dir / part).read_bytes()
+        files[src / "binding.cpp"] = binding.render(_binding_context(g, target, tc))
+        graph_context.append({"name": g.graph.name, "kernels": kernels, "interface": entry["target"]})
     context = {
         "name": name,
         "version": spec.project.version,
@@ -76,28 +103,27 @@ def render_project(spec: ProjectSpec, spec_file: str, target: Target, tc: Toolch
         "tc": tc,
         "torch_version": tc.torch_version,
         "python_version": tc.python_version,
-        "inductor_args": [f"-D{d}" for d in first["defines"]] + first["inductor_args"],
+        "inductor_args": inductor_args(first),
+        "wrapper_pch_args": ["-include", str(pch["wrapper"]), "-Winvalid-pch"] if pch else [],
+        "kernel_pch_args": ["-include", str(pch["kernel"]), "-Winvalid-pch"] if pch else [],
         "wrapper_opt": OPT[spec.flags.wrapper_opt],
         "kernel_opt": OPT[spec.flags.kernel_opt],
-        "graphs": [{"name": g.graph.name, "has_kernels": g.meta["has_kernels"]} for g in graphs],
+        "interfaces": list(interfaces.values()),
+        "graphs": graph_context,
     }
-    files = {
-        out / "meson.build": env.get_template("project/meson.build.j2").render(context),
-        out / "pyproject.toml": env.get_template("project/pyproject.toml.j2").render(context),
-        out / name / "__init__.py": env.get_template("project/__init__.py.j2").render(context),
-        out / "src" / "shimgen_runtime.h": (TEMPLATES / "project/shimgen_runtime.h").read_text(),
-    }
-    binding = env.get_template("project/binding.cpp.j2")
-    for g in graphs:
-        src = out / "src" / g.graph.name
-        files[src / "binding.cpp"] = binding.render(_binding_context(g, target, tc))
-        for part in ("wrapper.cpp", "kernels.cpp", "weights.o"):
-            if (g.codegen_dir / part).is_file():
-                files[src / part] = (g.codegen_dir / part).read_bytes()  # type: ignore[assignment]
+    files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
+    files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
+    files[out / name / "__init__.py"] = env.get_template("project/__init__.py.j2").render(context)
+    files[out / "src" / "shimgen_runtime.h"] = (TEMPLATES / "project/shimgen_runtime.h").read_text()
     for path, content in files.items():
         write_if_changed(path, content)
     _remove_stale(out, set(files))
     return list(files)
+
+
+def inductor_args(meta: dict[str, Any]) -> list[str]:
+    """Compile arguments of Inductor's code: its defines, math flags and the target's ISA."""
+    return [f"-D{d}" for d in meta["defines"]] + meta["inductor_args"]
 
 
 def _binding_context(g: GraphSources, target: Target, tc: Toolchain) -> dict[str, Any]:

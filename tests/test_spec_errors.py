@@ -35,8 +35,6 @@ CASES = [
     ("unknown dim", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["btach", 32]'), "graph[0].inputs[0].shape[0]: 'btach' is not a dim of this graph (dims: batch)"),
     ("dim range", PROJECT + GOOD_GRAPH.replace("min = 1, max = 8", "min = 9, max = 8"), "graph[0].dims.batch.max: max 8 is below min 9"),
     ("entry syntax", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "models/mlp.py"), "graph[0].entry: 'models/mlp.py' is not 'package.module:callable'"),
-    ("split awaits", PROJECT + GOOD_GRAPH + "[flags]\nsplit = 4\n", "flags.split: splitting kernels over several translation units awaits the build-speed issue; use 1"),
-    ("pch awaits", PROJECT + GOOD_GRAPH + "[flags]\npch = true\n", "flags.pch: precompiled headers await the build-speed issue; set pch = false"),
     ("tma on cpu", PROJECT + GOOD_GRAPH + "[flags]\ntma = true\n", "flags.tma: tma applies to cuda targets only"),
     ("cuda graphs await", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n[flags]\ncuda_graphs = true\n', "flags.cuda_graphs: cuda_graphs awaits the CUDA target issue"),
     ("bad arch", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["hopper"]\n', "target[0].archs[0]: 'hopper' is not a CUDA arch such as 'sm_90'"),

@@ -205,10 +205,6 @@ def _validate_flags(flags: Flags, targets: list[Target]) -> None:
     cuda = any(t.device == "cuda" for t in targets)
     if flags.split < 1:
         raise SpecError("", "flags.split", f"split must be at least 1, got {flags.split}")
-    if flags.split > 1:
-        raise SpecError("", "flags.split", "splitting kernels over several translation units awaits the build-speed issue; use 1")
-    if flags.pch:
-        raise SpecError("", "flags.pch", "precompiled headers await the build-speed issue; set pch = false")
     for name in ("tma", "cuda_graphs"):
         if getattr(flags, name):
             if not cuda:

@@ -97,8 +97,12 @@ class Flags:
 
     wrapper_opt: OptLevel = doc("Optimization level of the wrapper and binding translation units.", default="O1")
     kernel_opt: OptLevel = doc("Optimization level of the kernel translation units.", default="O3")
-    pch: bool = doc("Precompile the heavy common headers (awaits the build-speed issue).", default=False)
-    split: int = doc("Kernel translation units per graph (>1 awaits the build-speed issue).", default=1)
+    pch: bool = doc(
+        "Force-include precompiled AOTI runtime and kernel headers, built once per toolchain and flag set "
+        "and cached per user.",
+        default=True,
+    )
+    split: int = doc("Kernel translation units per graph, compiled in parallel.", default=4)
     freezing: bool = doc("Fold weights into the graph as constants (Inductor freezing): faster inference.", default=True)
     max_autotune: bool = doc("Let Inductor benchmark kernel choices (GEMM templates) at build time.", default=False)
     tma: bool = doc("CUDA only: Hopper TMA descriptors (awaits the CUDA target issue).", default=False)

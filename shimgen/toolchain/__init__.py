@@ -41,8 +41,14 @@ class Toolchain:
         """Hash of everything that makes compiled output differ between toolchains."""
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
-    def env(self) -> dict[str, str]:
-        return {**os.environ, "CXX": self.cxx}
+    def env(self, launcher: str | None = None) -> dict[str, str]:
+        """Environment for Meson; `launcher` (ccache, sccache) goes in front of the compiler."""
+        return {**os.environ, "CXX": f"{launcher} {self.cxx}" if launcher else self.cxx}
+
+
+def compiler_cache() -> str | None:
+    """sccache or ccache when one is on PATH."""
+    return shutil.which("sccache") or shutil.which("ccache")
 
 
 def detect() -> Toolchain:
