@@ -157,7 +157,7 @@ def _trace_and_codegen(
     codegen_dir = layout.root / "codegen" / graph.name
     spec_dir = layout.spec_path.parent.resolve()
     trace_key = _trace_key(graph, tc, record.get("deps", {}))
-    codegen_key = _key(trace_key, dataclasses.asdict(target), codegen.inductor_configs(target, spec.flags), _source_of(codegen))
+    codegen_key = _codegen_key(trace_key, spec, target)
     meta_file = codegen_dir / "codegen.json"
     if record.get("codegen_key") == codegen_key and meta_file.is_file():
         result.skipped.append(f"trace:{graph.name}")
@@ -183,7 +183,7 @@ def _trace_and_codegen(
             render.write_if_changed(trace_meta, json.dumps(out_meta))
         record.clear()
         record.update(deps=deps, trace_key=_trace_key(graph, tc, deps))
-        codegen_key = _key(record["trace_key"], dataclasses.asdict(target), codegen.inductor_configs(target, spec.flags), _source_of(codegen))
+        codegen_key = _codegen_key(record["trace_key"], spec, target)
 
     with _stage(result, "codegen", report, graph.name):
         staging = codegen_dir.with_name(graph.name + ".new")
@@ -197,6 +197,10 @@ def _trace_and_codegen(
         _replace_dir(staging, codegen_dir)
     record["codegen_key"] = codegen_key
     return GraphSources(graph, codegen_dir, meta)
+
+
+def _codegen_key(trace_key: str, spec: ProjectSpec, target: Target) -> str:
+    return _key(trace_key, dataclasses.asdict(target), codegen.inductor_configs(target, spec.flags), spec.flags.split, _source_of(codegen))
 
 
 def _trace_key(graph: Graph, tc: toolchain.Toolchain, deps: dict[str, str]) -> str:

@@ -25,7 +25,3 @@ class Heads(nn.Module):
         logits = self.classify(h)
         return {"logits": logits, "stats": (h.mean(dim=-1), torch.softmax(logits, dim=-1))}
 
-
-def pairwise_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A plain function as a graph: squared distances between two point sets."""
-    return (a.unsqueeze(1) - b.unsqueeze(0)).pow(2).sum(-1)
