@@ -41,13 +41,13 @@ print(exported - start, time.perf_counter() - exported)
 LATENCY_SCRIPT = """
 import sys, time, torch
 sys.path.insert(0, sys.argv[1])
-import resnet
+forward = __import__(sys.argv[2]).forward
 x = torch.randn(1, 3, 224, 224)
 for _ in range(5):
-    resnet.forward(x)
+    forward(x)
 times = []
 for _ in range(40):
-    t = time.perf_counter(); resnet.forward(x); times.append(time.perf_counter() - t)
+    t = time.perf_counter(); forward(x); times.append(time.perf_counter() - t)
 print(sorted(times)[len(times) // 2] * 1e3)
 """
 
@@ -95,8 +95,8 @@ def monolithic_o3_seconds(build: Path, codegen: Path) -> float:
     return time.perf_counter() - start
 
 
-def latency_ms(package_dir: str) -> float:
-    return float(run([sys.executable, "-c", LATENCY_SCRIPT, package_dir], dict(os.environ))[1])
+def latency_ms(summary: dict) -> float:
+    return float(run([sys.executable, "-c", LATENCY_SCRIPT, summary["package_dir"], summary["name"]], dict(os.environ))[1])
 
 
 def main() -> None:
@@ -177,7 +177,7 @@ def main() -> None:
             spec.unlink()
         built[label] = summary
     for label, summary in built.items():
-        ms = latency_ms(summary["package_dir"])
+        ms = latency_ms(summary)
         results[f"latency_ms[{label}]"] = ms
         report(f"| {label} | {summary['stages']['compile']:.1f} | {ms:.2f} |")
 

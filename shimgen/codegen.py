@@ -45,6 +45,9 @@ def inductor_configs(target: Target, flags: Flags) -> dict[str, Any]:
     configs: dict[str, Any] = {
         "aot_inductor.package_cpp_only": True,
         "aot_inductor.precompile_headers": False,
+        # Skip Inductor's ISA probe (it compiles test programs: seconds per cold build, pytorch#191715);
+        # the CPU's flags still decide which ISAs are valid, and the spec's target picks among them.
+        "cpp.vec_isa_ok": True,
         "freezing": flags.freezing,
         "max_autotune": flags.max_autotune,
     }

@@ -23,7 +23,7 @@ from . import codegen, entry, package, render, toolchain, trace
 from .errors import SpecError, UserError
 from .render import GraphSources
 from .spec import Graph, ProjectSpec, Target, load_spec
-from .toolchain.pch import ensure_pch
+from .toolchain.prebuilt import ensure_prebuilt
 
 Progress = Callable[[str, str], None]
 CHECK_ONLY_FIELDS = ("atol", "rtol")  # used by `shimgen check`, not by the build
@@ -116,11 +116,14 @@ def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Pro
         del graph_state[stale]
 
     project_dir, meson_dir = layout.root / "project", layout.root / "meson"
+    with _stage(result, "prebuilt", report):
+        interfaces = {(g.codegen_dir / "interface.cpp").read_bytes() for g in sources}
+        if len(interfaces) != 1:
+            raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
+        flags = spec.flags
+        prebuilt = ensure_prebuilt(tc, render.inductor_args(sources[0].meta), flags.wrapper_opt, flags.kernel_opt, flags.pch, interfaces.pop())
     with _stage(result, "render", report):
-        pch = {}
-        if spec.flags.pch:
-            pch = ensure_pch(tc, render.inductor_args(sources[0].meta), spec.flags.wrapper_opt, spec.flags.kernel_opt)
-        render.render_project(spec, spec_path.name, target, tc, sources, pch, project_dir)
+        render.render_project(spec, spec_path.name, target, tc, sources, prebuilt, project_dir)
     with _stage(result, "compile", report):
         compiled = compile_stage.compile_project(project_dir, meson_dir, tc, launcher, lambda msg: report("compile", msg))
     result.compile_units = (compiled.units_done, compiled.units_total)

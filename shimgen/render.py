@@ -5,7 +5,6 @@ Files are written only when their content changes, so ninja rebuilds only what r
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import jinja2
 
 from .spec import Graph, ProjectSpec, Target
 from .toolchain import Toolchain
+from .toolchain.prebuilt import Prebuilt
 
 TEMPLATES = Path(__file__).parent / "templates"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
@@ -63,37 +63,32 @@ def render_probe(tc: Toolchain, out: Path) -> None:
         write_if_changed(out / Path(name).name, (TEMPLATES / name).read_bytes())
 
 
-def render_pch(tc: Toolchain, inductor_args: list[str], wrapper_opt: str, kernel_opt: str, out: Path) -> None:
+def render_prebuilt(tc: Toolchain, inductor_args: list[str], wrapper_opt: str, kernel_opt: str, pch: bool, interface: bytes, out: Path) -> None:
     env = _env()
-    context = {"tc": tc, "inductor_args": inductor_args, "wrapper_opt": OPT[wrapper_opt], "kernel_opt": OPT[kernel_opt]}
-    write_if_changed(out / "meson.build", env.get_template("pch/meson.build.j2").render(context))
+    context = {"tc": tc, "inductor_args": inductor_args, "wrapper_opt": OPT[wrapper_opt], "kernel_opt": OPT[kernel_opt], "pch": pch}
+    write_if_changed(out / "meson.build", env.get_template("prebuilt/meson.build.j2").render(context))
+    write_if_changed(out / "aoti_interface.cpp", interface)
     write_if_changed(out / "empty.cpp", "")
     for name in ("wrapper_pch.h", "kernel_pch.h"):
-        write_if_changed(out / "pch" / name, (TEMPLATES / "pch" / name).read_bytes())
+        write_if_changed(out / "pch" / name, (TEMPLATES / "prebuilt" / name).read_bytes())
 
 
 def render_project(
-    spec: ProjectSpec, spec_file: str, target: Target, tc: Toolchain, graphs: list[GraphSources], pch: dict[str, Path], out: Path
+    spec: ProjectSpec, spec_file: str, target: Target, tc: Toolchain, graphs: list[GraphSources], prebuilt: Prebuilt, out: Path
 ) -> list[Path]:
     """Write the generated Meson project into `out`; returns every file it consists of."""
     env = _env()
     name = spec.project.name
-    first = graphs[0].meta
     files: dict[Path, str | bytes] = {}
-    interfaces: dict[str, dict[str, str]] = {}
     graph_context = []
     binding = env.get_template("project/binding.cpp.j2")
     for g in graphs:
         src = out / "src" / g.graph.name
-        interface = (g.codegen_dir / "interface.cpp").read_bytes()
-        digest = hashlib.sha256(interface).hexdigest()[:12]
-        entry = interfaces.setdefault(digest, {"target": f"aoti_interface_{len(interfaces)}", "file": f"aoti_interface_{digest}.cpp"})
-        files[out / "src" / entry["file"]] = interface
         kernels = sorted(p.name for p in g.codegen_dir.glob("kernels_*.cpp"))
         for part in ["model.cpp", "weights.o", *kernels]:
             files[src / part] = (g.codegen_dir / part).read_bytes()
         files[src / "binding.cpp"] = binding.render(_binding_context(g, target, tc))
-        graph_context.append({"name": g.graph.name, "kernels": kernels, "interface": entry["target"]})
+        graph_context.append({"name": g.graph.name, "kernels": kernels})
     context = {
         "name": name,
         "version": spec.project.version,
@@ -103,12 +98,12 @@ def render_project(
         "tc": tc,
         "torch_version": tc.torch_version,
         "python_version": tc.python_version,
-        "inductor_args": inductor_args(first),
-        "wrapper_pch_args": ["-include", str(pch["wrapper"]), "-Winvalid-pch"] if pch else [],
-        "kernel_pch_args": ["-include", str(pch["kernel"]), "-Winvalid-pch"] if pch else [],
+        "inductor_args": inductor_args(graphs[0].meta),
+        "interface_lib": str(prebuilt.interface_lib),
+        "wrapper_pch_args": ["-include", str(prebuilt.wrapper_pch), "-Winvalid-pch"] if prebuilt.wrapper_pch else [],
+        "kernel_pch_args": ["-include", str(prebuilt.kernel_pch), "-Winvalid-pch"] if prebuilt.kernel_pch else [],
         "wrapper_opt": OPT[spec.flags.wrapper_opt],
         "kernel_opt": OPT[spec.flags.kernel_opt],
-        "interfaces": list(interfaces.values()),
         "graphs": graph_context,
     }
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)

@@ -49,3 +49,28 @@ def built_mlp(workdir: Path) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def built_multi(workdir: Path) -> dict[str, Any]:
     return build_json(workdir / "projects" / "multi.toml", workdir)
+
+
+CALL_SCRIPT = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+package = __import__(sys.argv[2])
+case = torch.load(sys.argv[4])
+try:
+    out = getattr(package, sys.argv[3])(*case["args"], **case["kwargs"])
+except (TypeError, ValueError) as exc:
+    out = f"{type(exc).__name__}: {exc}"
+torch.save(out, sys.argv[5])
+"""
+
+
+def call_in_subprocess(summary: dict[str, Any], graph: str, tmp: Path, *args: Any, **kwargs: Any) -> Any:
+    """Call a built package's graph in a fresh interpreter (a rebuilt package is never a stale import)."""
+    import torch
+
+    case, result = tmp / f"{graph}-case.pt", tmp / f"{graph}-result.pt"
+    torch.save({"args": args, "kwargs": kwargs}, case)
+    run = subprocess.run([sys.executable, "-c", CALL_SCRIPT, summary["package_dir"], summary["name"], graph, str(case), str(result)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return torch.load(result)

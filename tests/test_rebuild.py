@@ -1,0 +1,145 @@
+"""Correctness under change: edits to a model's source, a spec's flags and a dynamic range each show
+in the rebuilt package (nothing stale); a build killed mid-compile and then rerun gives a correct
+package; kernels split over several files compute bit-identical results; a compiler cache is used."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import COMMAND, build_json, call_in_subprocess, shimgen
+from shimgen.entry import load_model, make_inputs
+from shimgen.spec import load_spec
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def zoo_spec(workdir: Path) -> Path:
+    return workdir / "projects" / "zoo.toml"
+
+
+def eager(spec: Path, index: int, inputs: list[torch.Tensor]) -> Any:
+    graph = load_spec(spec).graph[index]
+    model = load_model(graph, f"graph[{index}]", spec.parent)
+    with torch.no_grad():
+        return model(*inputs)
+
+
+def convnet_inputs(spec: Path, batch: int = 3) -> list[torch.Tensor]:
+    return make_inputs(load_spec(spec).graph[0], {"batch": batch}, seed=11)
+
+
+def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
+    base = build_json(zoo_spec, workdir)
+    (x,) = convnet_inputs(zoo_spec)
+    torch.testing.assert_close(call_in_subprocess(base, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
+
+    source = workdir / "projects" / "models" / "convnet.py"
+    original = source.read_text()
+    edited = original.replace(".mean(dim=(2, 3))", ".amax(dim=(2, 3))")
+    assert edited != original
+    try:
+        source.write_text(edited)
+        after = build_json(zoo_spec, workdir)
+        assert "trace:convnet" not in after["skipped"] and "codegen:convnet" not in after["skipped"]
+        assert {"trace:heads", "codegen:heads", "trace:distance", "codegen:distance"} <= set(after["skipped"])
+        want = eager(zoo_spec, 0, [x])
+        torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), want, rtol=1e-4, atol=1e-5)
+    finally:
+        source.write_text(original)
+    restored = build_json(zoo_spec, workdir)
+    torch.testing.assert_close(call_in_subprocess(restored, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
+
+
+def test_flag_edit_recompiles_without_retracing(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
+    build_json(zoo_spec, workdir)
+    original = zoo_spec.read_text()
+    try:
+        zoo_spec.write_text(original + '\n[flags]\nkernel_opt = "O2"\n')
+        after = build_json(zoo_spec, workdir)
+        assert {f"{stage}:{g}" for stage in ("trace", "codegen") for g in ("convnet", "heads", "distance")} <= set(after["skipped"])
+        compile_commands = (workdir / "build" / "zoo" / "meson" / "compile_commands.json").read_text()
+        assert "-O2" in compile_commands and after["compiled_units"]["done"] > 0
+        (x,) = convnet_inputs(zoo_spec)
+        torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
+    finally:
+        zoo_spec.write_text(original)
+
+
+def test_dynamic_range_edit_reaches_the_package(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
+    original = zoo_spec.read_text()
+    narrowed = original.replace("dims = { batch = { min = 1, max = 32, example = 4 } }", "dims = { batch = { min = 1, max = 8, example = 4 } }")
+    assert narrowed != original
+    try:
+        zoo_spec.write_text(narrowed)
+        after = build_json(zoo_spec, workdir)
+        assert "trace:convnet" not in after["skipped"]
+        (x12,) = convnet_inputs(zoo_spec, batch=12)
+        assert call_in_subprocess(after, "convnet", tmp_path, x12) == "ValueError: convnet(): input 'x' dim 0 ('batch') must be in [1, 8], got 12"
+        (x8,) = convnet_inputs(zoo_spec, batch=8)
+        torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x8), eager(zoo_spec, 0, [x8]), rtol=1e-4, atol=1e-5)
+    finally:
+        zoo_spec.write_text(original)
+    assert "convnet" in build_json(zoo_spec, workdir)["graphs"]
+
+
+def test_split_kernels_are_bit_identical(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
+    split4 = build_json(zoo_spec, workdir)
+    one_file = zoo_spec.with_name("zoo_split1.toml")
+    one_file.write_text(zoo_spec.read_text().replace('name = "zoo"', 'name = "zoo_split1"') + "\n[flags]\nsplit = 1\n")
+    split1 = build_json(one_file, workdir)
+    kernels = lambda s: sorted(Path(s["package_dir"]).parents[0].glob("codegen/convnet/kernels_*.cpp"))  # noqa: E731
+    assert len(kernels(split1)) == 1 and len(kernels(split4)) > 1
+    spec = load_spec(zoo_spec)
+    for graph in spec.graph:
+        sizes = {name: dim.example for name, dim in graph.dims.items()}
+        inputs = make_inputs(graph, sizes, seed=3)
+        args = [t for i, t in zip(graph.inputs, inputs) if not i.keyword]
+        kwargs = {i.name: t for i, t in zip(graph.inputs, inputs) if i.keyword}
+        a = call_in_subprocess(split4, graph.name, tmp_path, *args, **kwargs)
+        b = call_in_subprocess(split1, graph.name, tmp_path, *args, **kwargs)
+        flat_a, flat_b = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
+        assert all(torch.equal(p, q) for p, q in zip(flat_a, flat_b)) and len(flat_a) == len(flat_b)
+
+
+def test_killed_mid_compile_then_rebuilt(workdir: Path, tmp_path: Path) -> None:
+    spec = workdir / "projects" / "mlp_killed.toml"
+    spec.write_text((workdir / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_killed"'))
+    proc = subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(workdir)], stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if line.startswith("[compile] compile 1 of"):
+            os.killpg(proc.pid, signal.SIGKILL)  # shimgen, ninja and the compilers, mid-build
+            break
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed"
+    assert not list((workdir / "dist").glob("mlp_killed-*.whl"))
+    summary = build_json(spec, workdir)
+    x = make_inputs(load_spec(spec).graph[0], {"batch": 5}, seed=1)[0]
+    torch.testing.assert_close(call_in_subprocess(summary, "forward", tmp_path, x), eager(spec, 0, [x]), rtol=1e-5, atol=1e-5)
+
+
+def test_compiler_cache_is_used_when_on_path(workdir: Path, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "ccache.log"
+    (bin_dir / "ccache").write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec "$@"\n')
+    (bin_dir / "ccache").chmod(0o755)
+    spec = workdir / "projects" / "mlp_cached.toml"
+    spec.write_text((workdir / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_cached"'))
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    result = shimgen("build", spec, "--out", workdir, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout and '"compiler_cache": "' + str(bin_dir / "ccache") + '"' in result.stdout
+    assert "model.cpp" in log.read_text()
+    result = shimgen("build", spec, "--out", workdir, "--json", "--no-cache", env=env)
+    assert result.returncode == 0 and '"compiler_cache": null' in result.stdout
