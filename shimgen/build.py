@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -48,8 +49,7 @@ def compile_project(source: Path, build: Path, tc: Toolchain, launcher: str | No
 
 def _ninja(build: Path, tc: Toolchain, progress: Callable[[str], None]) -> CompileResult:
     env = {**tc.env(), "NINJA_STATUS": NINJA_STATUS}
-    log = build / ".ninja_log"
-    log_start = log.stat().st_size if log.is_file() else 0
+    started = time.time()
     proc = subprocess.Popen([tc.ninja, "-C", str(build)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     result = CompileResult()
     output: list[str] = []
@@ -62,21 +62,26 @@ def _ninja(build: Path, tc: Toolchain, progress: Callable[[str], None]) -> Compi
             progress(f"compile {match[1]} of {match[2]}: {_unit_name(match[3])}")
     if proc.wait() != 0:
         raise BuildError(_first_error("".join(output), build))
-    result.unit_seconds = _unit_seconds(log, log_start)
+    result.unit_seconds = _unit_seconds(build, started)
     return result
 
 
-def _unit_seconds(log: Path, offset: int) -> dict[str, float]:
-    """Seconds per output built in this run, from the entries ninja appended to .ninja_log."""
-    seconds: dict[str, float] = {}
+def _unit_seconds(build: Path, since: float) -> dict[str, float]:
+    """Seconds per output that this run rebuilt: .ninja_log's last entry for each output whose
+    file is newer than the run's start (ninja may rewrite the log, so offsets cannot be trusted)."""
+    log = build / ".ninja_log"
     if not log.is_file():
-        return seconds
-    with log.open() as f:
-        f.seek(offset)
-        for line in f:
-            parts = line.split("\t")
-            if len(parts) >= 4 and parts[0].isdigit():
-                seconds[_unit_name(parts[3])] = (int(parts[1]) - int(parts[0])) / 1000
+        return {}
+    entries: dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        parts = line.split("\t")
+        if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit():
+            entries[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000
+    seconds = {}
+    for output, duration in entries.items():
+        path = build / output
+        if path.is_file() and path.stat().st_mtime >= since:
+            seconds[_unit_name(output)] = duration
     return seconds
 
 
