@@ -87,7 +87,7 @@ def render_project(
         kernels = sorted(p.name for p in g.codegen_dir.glob("kernels_*.cpp"))
         for part in ["model.cpp", "weights.o", *kernels]:
             files[src / part] = (g.codegen_dir / part).read_bytes()
-        files[src / "binding.cpp"] = binding.render(_binding_context(g, target, tc))
+        files[src / "binding.cpp"] = binding.render(_binding_context(g, target, tc, spec.runtime.instances))
         graph_context.append({"name": g.graph.name, "kernels": kernels})
     context = {
         "name": name,
@@ -121,7 +121,7 @@ def inductor_args(meta: dict[str, Any]) -> list[str]:
     return [f"-D{d}" for d in meta["defines"]] + meta["inductor_args"]
 
 
-def _binding_context(g: GraphSources, target: Target, tc: Toolchain) -> dict[str, Any]:
+def _binding_context(g: GraphSources, target: Target, tc: Toolchain, instances: int) -> dict[str, Any]:
     graph = g.graph
     dim_index = {name: k for k, name in enumerate(graph.dims)}
     inputs = []
@@ -147,7 +147,7 @@ def _binding_context(g: GraphSources, target: Target, tc: Toolchain) -> dict[str
         "dims": [{"name": n, "min": d.min, "max": d.max} for n, d in graph.dims.items()],
         "out_nodes": g.meta["out_nodes"],
         "num_outputs": g.meta["num_outputs"],
-        "num_models": 1,
+        "num_models": instances,
         "has_last_error": tc.has_last_error,
         "docstring": json.dumps(docstring(graph, g.meta["out_nodes"])),
     }

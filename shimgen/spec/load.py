@@ -128,6 +128,8 @@ def validate(spec: ProjectSpec) -> None:
         spec.target.append(Target(device="cpu"))
     _validate_targets(spec.target)
     _validate_flags(spec.flags, spec.target)
+    if spec.runtime.instances < 1:
+        raise SpecError("", "runtime.instances", f"instances must be at least 1, got {spec.runtime.instances}")
     if spec.custom_op:
         raise SpecError("", "custom_op", "custom ops are not yet supported (they come with the custom-ops work)")
 

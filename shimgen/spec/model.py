@@ -110,6 +110,17 @@ class Flags:
 
 
 @dataclass
+class Runtime:
+    """[runtime]: behaviour of the generated package."""
+
+    instances: int = doc(
+        "Model instances per graph: this many threads can run a graph at once, more wait their turn. "
+        "Instances share the weights.",
+        default=2,
+    )
+
+
+@dataclass
 class CustomOp:
     """[[custom_op]]: reserved for custom C++/Triton ops (not yet supported)."""
 
@@ -125,4 +136,5 @@ class ProjectSpec:
     graph: list[Graph] = doc("Graphs to trace and compile; one callable each.")
     target: list[Target] = doc("Devices to build for. Default: one native CPU target.", default_factory=list)
     flags: Flags = doc("Compile options.", default_factory=Flags)
+    runtime: Runtime = doc("Behaviour of the generated package.", default_factory=Runtime)
     custom_op: list[CustomOp] = doc("Custom ops (not yet supported).", default_factory=list)

@@ -1,0 +1,181 @@
+"""Runtime of generated packages: random bad calls never crash and always raise a clear error,
+several threads share a callable, resident memory stays flat, import is fast."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import build_json
+from shimgen.entry import load_model, make_inputs
+from shimgen.spec import Graph, load_spec
+from test_build import import_built
+
+pytestmark = pytest.mark.slow
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.bool, torch.uint8]
+
+
+@pytest.fixture(scope="module")
+def packages(built_mlp: dict[str, Any], built_multi: dict[str, Any], workdir: Path) -> list[tuple[Any, Graph, Any, Path]]:
+    """(callable, graph spec, eager model) for every graph of mlp and multi."""
+    out = []
+    for summary, spec_name in ((built_mlp, "mlp.toml"), (built_multi, "multi.toml")):
+        spec_path = workdir / "projects" / spec_name
+        package = import_built(summary)
+        for i, graph in enumerate(load_spec(spec_path).graph):
+            out.append((getattr(package, graph.name), graph, load_model(graph, f"graph[{i}]", spec_path.parent)))
+    return out
+
+
+def expected_error(graph: Graph, args: list[Any], kwargs: dict[str, Any]) -> type[Exception] | None:
+    """An independent oracle: which exception the binding must raise for this call, if any."""
+    positional = [i for i in graph.inputs if not i.keyword]
+    if len(args) > len(positional):
+        return TypeError
+    bound = dict(zip((i.name for i in positional), args))
+    for key, value in kwargs.items():
+        if key not in {i.name for i in graph.inputs} or key in bound:
+            return TypeError
+        bound[key] = value
+    if len(bound) != len(graph.inputs):
+        return TypeError
+    dims: dict[str, int] = {}
+    for spec in graph.inputs:
+        t = bound[spec.name]
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            return TypeError
+        if t.dtype != getattr(torch, spec.dtype):
+            return TypeError
+        if t.device.type != "cpu" or t.dim() != len(spec.shape):
+            return ValueError
+        for size, want in zip(t.shape, spec.shape):
+            if isinstance(want, int) and size != want:
+                return ValueError
+            if isinstance(want, str):
+                dim = graph.dims[want]
+                if not dim.min <= size <= dim.max or dims.setdefault(want, size) != size:
+                    return ValueError
+        if not t.is_contiguous():
+            return ValueError
+    return None
+
+
+def tensor_like(graph: Graph, draw: Any) -> Any:
+    """A value for one input slot: usually a tensor close to valid, sometimes something else."""
+    kind = draw(st.sampled_from(["valid", "valid", "dtype", "rank", "size", "noncontig", "empty", "meta", "other"]))
+    spec = draw(st.sampled_from(graph.inputs))
+    sizes = {n: draw(st.integers(d.min, d.max)) for n, d in graph.dims.items()}
+    shape = [sizes[s] if isinstance(s, str) else s for s in spec.shape]
+    if kind == "other":
+        return draw(st.sampled_from([None, 3, 2.5, "x", [1.0, 2.0], (torch.ones(2),), torch.ones(2).numpy()]))
+    if kind == "size":
+        shape[draw(st.integers(0, len(shape) - 1))] = draw(st.sampled_from([0, 1, 65, 100, 1000]))
+    if kind == "rank":
+        shape = shape + [1] if draw(st.booleans()) else shape[:-1]
+    if kind == "empty":
+        shape = [0 for _ in shape]
+    dtype = draw(st.sampled_from(DTYPES)) if kind == "dtype" else getattr(torch, spec.dtype)
+    device = "meta" if kind == "meta" else "cpu"
+    t = torch.zeros(shape, dtype=dtype, device=device)
+    if kind == "noncontig" and t.dim() >= 2 and t.shape[-1] > 1:
+        t = torch.zeros(shape[:-1] + [shape[-1] * 2], dtype=dtype)[..., ::2]
+    return t
+
+
+@st.composite
+def calls(draw: Any, graph: Graph) -> tuple[list[Any], dict[str, Any]]:
+    names = [i.name for i in graph.inputs] + ["y", "input", "X"]
+    args = [tensor_like(graph, draw) for _ in range(draw(st.integers(0, len(graph.inputs) + 1)))]
+    kwargs = {draw(st.sampled_from(names)): tensor_like(graph, draw) for _ in range(draw(st.integers(0, 2)))}
+    return args, kwargs
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["mlp.forward", "multi.heads", "multi.distance"])
+def test_random_bad_calls_raise_clear_errors(packages: list[tuple[Any, Graph, Any]], index: int) -> None:
+    fn, graph, model = packages[index]
+    seen = {"errors": 0, "valid": 0}
+
+    @settings(max_examples=2000, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(calls(graph))
+    def run(call: tuple[list[Any], dict[str, Any]]) -> None:
+        args, kwargs = call
+        want = expected_error(graph, args, kwargs)
+        if want is None:
+            seen["valid"] += 1
+            fn(*args, **kwargs)
+            return
+        with pytest.raises(want) as exc:
+            fn(*args, **kwargs)
+        assert str(exc.value).startswith(f"{graph.name}(")
+        seen["errors"] += 1
+
+    run()
+    assert seen["errors"] >= 1500
+    # A good call afterwards still gives the right answer.
+    inputs = make_inputs(graph, {n: d.max for n, d in graph.dims.items()}, seed=5)
+    args = [t for i, t in zip(graph.inputs, inputs) if not i.keyword]
+    kwargs = {i.name: t for i, t in zip(graph.inputs, inputs) if i.keyword}
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*args, **kwargs), model(*args, **kwargs), rtol=1e-4, atol=1e-5)
+
+
+def test_threads_share_a_callable(packages: list[tuple[Any, Graph, Any]]) -> None:
+    fn, graph, model = packages[0]
+    inputs = [make_inputs(graph, {"batch": 1 + k % 64}, seed=k)[0] for k in range(16)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    failures: list[str] = []
+
+    def worker(k: int) -> None:
+        for step in range(100):
+            j = (k + step) % len(inputs)
+            if not torch.allclose(fn(inputs[j]), expected[j], rtol=1e-5, atol=1e-5):
+                failures.append(f"thread {k} call {step}")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+MEMORY_SCRIPT = """
+import os, sys, torch
+sys.path.insert(0, sys.argv[1])
+import mlp
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+x = torch.randn(8, 32)
+for _ in range(2000):
+    mlp.forward(x)
+before = rss()
+for _ in range(10000):
+    mlp.forward(x)
+print(rss() - before)
+"""
+
+
+def test_memory_stays_flat_over_10000_calls(built_mlp: dict[str, Any]) -> None:
+    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, built_mlp["package_dir"]], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout) <= 1 << 20, f"resident memory grew by {int(run.stdout)} bytes"
+
+
+def test_no_compiler_at_import_or_call(built_mlp: dict[str, Any], tmp_path: Path) -> None:
+    """With no compiler reachable at all, import and calls still work."""
+    script = f"import sys, torch; sys.path.insert(0, {built_mlp['package_dir']!r}); import mlp; print(mlp.forward(torch.ones(3, 32)).shape)"
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env={"PATH": str(tmp_path), "CXX": "/nonexistent", "CC": "/nonexistent"})
+    assert run.stdout.strip() == "torch.Size([3, 32])", run.stderr
