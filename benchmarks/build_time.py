@@ -164,6 +164,7 @@ def main() -> None:
         "default (pch, split 4, wrapper O1, kernels O3)": "",
         "no pch": "pch = false",
         "split 1": "split = 1",
+        "split 2": "split = 2",
         "wrapper O3": 'wrapper_opt = "O3"',
         "kernels O1": 'kernel_opt = "O1"',
     }

@@ -76,7 +76,8 @@ def import_shimgen(summary: dict[str, Any]) -> Any:
 
 def contenders(model: torch.nn.Module, x: torch.Tensor, dynamic: dict, shim: Callable, tmp: Path, tag: str) -> dict[str, Callable[[], Any]]:
     with torch.no_grad():
-        program = torch.export.export(model, (x,), dynamic_shapes=(dynamic,))
+        example = x.expand(4, *x.shape[1:]).contiguous()  # export specializes a size-1 example
+        program = torch.export.export(model, (example,), dynamic_shapes=(dynamic,))
         package = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp / f"{tag}.pt2"), inductor_configs={"freezing": True})
     aoti = torch._inductor.aoti_load_package(package)
     loader = aoti.loader

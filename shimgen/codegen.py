@@ -66,9 +66,11 @@ def generate(program: Any, target: Target, flags: Flags, out_dir: Path) -> Gener
     with tempfile.TemporaryDirectory(prefix="shimgen-codegen-") as tmp:
         package = Path(tmp) / "model.pt2"
         try:
-            torch._inductor.aoti_compile_and_package(
-                program, package_path=str(package), inductor_configs=inductor_configs(target, flags)
-            )
+            # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion.
+            with torch.no_grad():
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(package), inductor_configs=inductor_configs(target, flags)
+                )
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
             raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}") from exc
         files = _extract(package)
