@@ -51,10 +51,10 @@ def inductor_configs(target: Target, flags: Flags) -> dict[str, Any]:
         "freezing": flags.freezing,
         "max_autotune": flags.max_autotune,
     }
+    # oneDNN-prepacked weights are blocked for the build machine's CPU: native ISA only.
+    configs["cpp.weight_prepack"] = flags.onednn and target.isa == "native"
     if target.isa != "native":
         configs["cpp.simdlen"] = ISA_FLAGS[target.isa][0]
-        # mkldnn-prepacked weights are blocked for the build machine's CPU.
-        configs["cpp.weight_prepack"] = False
     return configs
 
 
@@ -66,8 +66,9 @@ def generate(program: Any, target: Target, flags: Flags, out_dir: Path) -> Gener
     with tempfile.TemporaryDirectory(prefix="shimgen-codegen-") as tmp:
         package = Path(tmp) / "model.pt2"
         try:
-            # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion.
-            with torch.no_grad():
+            # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
+            # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
+            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=flags.onednn):
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags)
                 )

@@ -104,6 +104,12 @@ class Flags:
     )
     split: int = doc("Kernel translation units per graph, compiled in parallel.", default=4)
     freezing: bool = doc("Fold weights into the graph as constants (Inductor freezing): faster inference.", default=True)
+    onednn: bool = doc(
+        "With freezing, let Inductor hand convolutions and linear layers to oneDNN with prepacked weights. "
+        "Much faster for convolutions (ResNet-18 batch 1: 12 vs 22 ms here); slower for small linear layers, "
+        "where MKL GEMM plus a fused kernel wins (8 x Linear 32, batch 4: 14 vs 98 us).",
+        default=True,
+    )
     max_autotune: bool = doc("Let Inductor benchmark kernel choices (GEMM templates) at build time.", default=False)
     tma: bool = doc("CUDA only: Hopper TMA descriptors (awaits the CUDA target issue).", default=False)
     cuda_graphs: bool = doc("CUDA only: capture and replay inside the shim (awaits the CUDA target issue).", default=False)
