@@ -74,7 +74,7 @@ def import_shimgen(summary: dict[str, Any]) -> Any:
     return __import__(summary["name"])
 
 
-def contenders(model: torch.nn.Module, x: torch.Tensor, dynamic: dict, shim: Callable, tmp: Path, tag: str) -> dict[str, Callable[[], Any]]:
+def contenders(model: torch.nn.Module, x: torch.Tensor, dynamic: dict, shims: dict[str, Callable], tmp: Path, tag: str) -> dict[str, Callable[[], Any]]:
     with torch.no_grad():
         example = x.expand(4, *x.shape[1:]).contiguous()  # export specializes a size-1 example
         program = torch.export.export(model, (example,), dynamic_shapes=(dynamic,))
@@ -92,7 +92,7 @@ def contenders(model: torch.nn.Module, x: torch.Tensor, dynamic: dict, shim: Cal
         "torch.compile cpp_wrapper": lambda: compiled_cpp(x),
         "AOTI aoti_load_package": lambda: aoti(x),
         "AOTI loader.run": lambda: loader.run([x]),
-        "shimgen": lambda: shim(x),
+        **{name: (lambda fn=fn: fn(x)) for name, fn in shims.items()},
     }
 
 
@@ -110,21 +110,31 @@ def main() -> None:
     report(f"# call_overhead.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} cores, "
            f"torch {torch.__version__}, python {platform.python_version()}")
     mlp_build = build_shimgen(REPO / "projects" / "mlp.toml", tmp)
+    # The same MLP with oneDNN on: the kernels AOTI picks, to separate kernel choice from call cost.
+    onednn_spec = REPO / "projects" / "_bench_mlp_onednn.toml"
+    onednn_spec.write_text((REPO / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_onednn"').replace("onednn = false", "onednn = true"))
+    try:
+        mlp_onednn_build = build_shimgen(onednn_spec, tmp)
+    finally:
+        onednn_spec.unlink()
     resnet_build = build_shimgen(REPO / "projects" / "resnet.toml", tmp)
     figures: dict[str, dict[str, float]] = {}
     torch.manual_seed(0)
     cases = [
-        ("tiny MLP, batch 4, 1 thread", 1, mlp(32, 8).eval(), torch.randn(4, 32), import_shimgen(mlp_build).forward, 2000, "mlp"),
-        (f"ResNet-18, batch 1, {os.cpu_count()} threads", os.cpu_count(), None, torch.randn(1, 3, 224, 224), import_shimgen(resnet_build).forward, 20, "resnet"),
+        ("tiny MLP, batch 4, 1 thread", 1, mlp(32, 8).eval(), torch.randn(4, 32),
+         {"shimgen, onednn = true (the kernels AOTI uses)": import_shimgen(mlp_onednn_build).forward,
+          "shimgen": import_shimgen(mlp_build).forward}, 2000, "mlp"),
+        (f"ResNet-18, batch 1, {os.cpu_count()} threads", os.cpu_count(), None, torch.randn(1, 3, 224, 224),
+         {"shimgen": import_shimgen(resnet_build).forward}, 20, "resnet"),
     ]
     batch = torch.export.Dim("batch", min=1, max=64)
-    for title, threads, model, x, shim, calls, tag in cases:
+    for title, threads, model, x, shims, calls, tag in cases:
         torch.set_num_threads(threads)
         if model is None:
             torch.manual_seed(0)
             model = resnet18().eval()
         with torch.no_grad():
-            runs = contenders(model, x, {0: batch}, shim, tmp, tag)
+            runs = contenders(model, x, {0: batch}, shims, tmp, tag)
             for name, fn in runs.items():
                 torch.testing.assert_close(fn()[0] if name == "AOTI loader.run" else fn(), model(x), rtol=1e-3, atol=1e-3)
             figures[title] = {name: per_call_us(fn, calls) for name, fn in runs.items()}

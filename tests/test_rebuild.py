@@ -59,16 +59,26 @@ def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path
     torch.testing.assert_close(call_in_subprocess(restored, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
 
 
-def test_flag_edit_recompiles_without_retracing(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
+def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
     build_json(zoo_spec, workdir)
     original = zoo_spec.read_text()
+    graphs = ("convnet", "heads", "distance")
+    (x,) = convnet_inputs(zoo_spec)
     try:
+        # An opt level: the same generated sources, compiled again with the new flag.
         zoo_spec.write_text(original + '\n[flags]\nkernel_opt = "O2"\n')
         after = build_json(zoo_spec, workdir)
-        assert {f"{stage}:{g}" for stage in ("trace", "codegen") for g in ("convnet", "heads", "distance")} <= set(after["skipped"])
+        assert {f"{stage}:{g}" for stage in ("trace", "codegen") for g in graphs} <= set(after["skipped"])
         compile_commands = (workdir / "build" / "zoo" / "meson" / "compile_commands.json").read_text()
         assert "-O2" in compile_commands and after["compiled_units"]["done"] > 0
-        (x,) = convnet_inputs(zoo_spec)
+        torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
+
+        # A codegen flag: the saved traces are reloaded and generated again, one kernel file per graph.
+        zoo_spec.write_text(original + '\n[flags]\nkernel_opt = "O2"\nsplit = 1\n')
+        after = build_json(zoo_spec, workdir)
+        assert {f"trace:{g}" for g in graphs} <= set(after["skipped"])
+        assert not {f"codegen:{g}" for g in graphs} & set(after["skipped"])
+        assert len(list((workdir / "build" / "zoo" / "project" / "src" / "convnet").glob("kernels_*.cpp"))) == 1
         torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
     finally:
         zoo_spec.write_text(original)
