@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import BuildError
-from .render import write_if_changed
+from .files import write_if_changed
 from .toolchain import Toolchain
 
 NINJA_STATUS = "[shimgen %f/%t] "

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 from .errors import BuildError
+from .files import replace_dir
 from .toolchain import Toolchain
 
 _BUILD_WHEEL = "import sys, mesonpy; print(mesonpy.build_wheel(sys.argv[1], {'build-dir': sys.argv[2]}))"
@@ -39,9 +40,4 @@ def unpack(wheel: Path, site: Path) -> None:
         zf.extractall(staging)
     for member in staging.rglob("*.so"):
         member.chmod(0o755)
-    old = site.with_name(site.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if site.exists():
-        site.replace(old)
-    staging.replace(site)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(staging, site)

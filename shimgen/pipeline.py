@@ -11,7 +11,6 @@ import dataclasses
 import hashlib
 import json
 import shutil
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any, Callable, Iterator
 from . import build as compile_stage
 from . import codegen, entry, package, render, toolchain, trace
 from .errors import SpecError, UserError
+from .files import replace_dir, write_if_changed
 from .render import GraphSources
 from .spec import Graph, ProjectSpec, Target, load_spec
 from .toolchain.prebuilt import ensure_prebuilt
@@ -183,7 +183,7 @@ def _trace_and_codegen(
             torch.export.save(traced.program, str(program_file))
             program = traced.program
             out_meta = {"out_nodes": [dataclasses.asdict(n) for n in traced.out_nodes], "num_outputs": traced.num_outputs}
-            render.write_if_changed(trace_meta, json.dumps(out_meta))
+            write_if_changed(trace_meta, json.dumps(out_meta))
         record.clear()
         record.update(deps=deps, trace_key=_trace_key(graph, tc, deps))
         codegen_key = _codegen_key(record["trace_key"], spec, target)
@@ -197,7 +197,7 @@ def _trace_and_codegen(
             raise SpecError("", where, str(exc)) from None
         meta = {**out_meta, "defines": generated.defines, "inductor_args": generated.inductor_args}
         (staging / "codegen.json").write_text(json.dumps(meta, indent=1))
-        _replace_dir(staging, codegen_dir)
+        replace_dir(staging, codegen_dir)
     record["codegen_key"] = codegen_key
     return GraphSources(graph, codegen_dir, meta)
 
@@ -231,15 +231,6 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _replace_dir(new: Path, final: Path) -> None:
-    old = final.with_name(final.name + ".old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.replace(old)
-    new.replace(final)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def _load_state(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -248,7 +239,7 @@ def _load_state(path: Path) -> dict[str, Any]:
 
 
 def _save_state(path: Path, state: dict[str, Any]) -> None:
-    render.write_if_changed(path, json.dumps(state, indent=1, sort_keys=True))
+    write_if_changed(path, json.dumps(state, indent=1, sort_keys=True))
 
 
 @contextmanager

@@ -1,4 +1,5 @@
-"""Render stage: templates under shimgen/templates → a Meson project (or the toolchain probe).
+"""Render stage: templates under shimgen/templates → a generated Meson project, the toolchain probe,
+or the per-user prebuilt pieces.
 
 Files are written only when their content changes, so ninja rebuilds only what really changed.
 """
@@ -12,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from .files import write_if_changed
 from .spec import Graph, ProjectSpec, Target
 from .toolchain import Toolchain
 from .toolchain.prebuilt import Prebuilt
@@ -41,19 +43,7 @@ def _env() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters["cstring"] = lambda s: json.dumps(s)  # a JSON string is a valid C string literal for our text
     return env
-
-
-def write_if_changed(path: Path, content: str | bytes) -> bool:
-    data = content.encode() if isinstance(content, str) else content
-    if path.is_file() and path.read_bytes() == data:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-    return True
 
 
 def render_probe(tc: Toolchain, out: Path) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import os
 import subprocess
 import sys
 import venv
@@ -15,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import REPO, build_json, shimgen
-from shimgen.entry import call_model, load_model, make_inputs
+from conftest import build_json, shimgen
+from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -136,7 +135,7 @@ print("venv ok", mlp.__file__)
     assert run.returncode == 0, run.stderr
     assert str(env_dir) in run.stdout
     requires = subprocess.run([str(python), "-m", "pip", "show", "mlp"], capture_output=True, text=True).stdout
-    assert f"Requires: torch" in requires
+    assert "Requires: torch" in requires
     metadata = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; print(m.requires('mlp'))"], capture_output=True, text=True
     ).stdout

@@ -14,7 +14,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import build_json
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import Graph, load_spec
 from test_build import import_built

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import tomllib
-from pathlib import Path
 
 from conftest import REPO, shimgen
 from shimgen.spec.schema import json_schema, markdown_reference
