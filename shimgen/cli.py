@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
     p = spec_command("clean", "remove build/<name>/ and the project's wheels from dist/")
     p.set_defaults(run=_clean)
 
+    p = sub.add_parser("doctor", help="show what the toolchain found and which compilers the probe proved")
+    p.set_defaults(run=_doctor)
+
     p = sub.add_parser("schema", help="print the spec's JSON schema (or a Markdown reference)")
     p.add_argument("--format", choices=["json", "markdown"], default="json")
     p.set_defaults(run=_schema)
@@ -128,6 +131,26 @@ def _clean(args: argparse.Namespace) -> int:
         removed.append(str(wheel))
     print("removed " + (", ".join(removed) if removed else "nothing"), file=sys.stderr)
     return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from . import toolchain
+
+    tc = toolchain.detect()
+    print(f"python:         {tc.python} ({tc.python_version})")
+    print(f"torch:          {tc.torch_version}, headers {tc.torch_includes[0]}, libraries {tc.torch_lib}")
+    print(f"meson:          {' '.join(tc.meson)}")
+    print(f"ninja:          {tc.ninja}")
+    print(f"compiler cache: {toolchain.compiler_cache() or 'none on PATH'}")
+    print(f"per-user cache: {toolchain.cache_dir().parent}")
+    print("compilers (probe: build a torch extension with the project's Meson setup, load it in a subprocess):")
+    chosen = None
+    for cxx in toolchain.candidate_compilers():
+        verdict = toolchain.prove(toolchain.detect(cxx), toolchain.cache_dir())
+        chosen = chosen or (cxx if verdict.ok else None)
+        print(f"  {'ok  ' if verdict.ok else 'FAIL'} {cxx} ({verdict.identity}): {verdict.reason}")
+    print(f"selected:       {chosen or 'none: set CXX to a compiler that builds loadable torch extensions'}")
+    return 0 if chosen else 2
 
 
 def _schema(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from .errors import SpecError
 from .spec import Graph
 
+
 def load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
     """The model in eval mode: an nn.Module, or the plain function the entry names."""
     import torch

@@ -94,8 +94,7 @@ def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Pro
     result = BuildOutput(spec.project.name, render.target_id(target), Path(), layout.site, [g.name for g in spec.graph])
 
     with _stage(result, "toolchain", report):
-        tc = toolchain.detect()
-        toolchain.prove(tc, toolchain.cache_dir())
+        tc, _ = toolchain.select()
     launcher = toolchain.compiler_cache() if use_cache else None
     result.compiler_cache = launcher
     if state.get("meson_config") != [tc.key, launcher]:

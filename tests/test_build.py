@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -13,8 +15,8 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import REPO, build_json, shimgen
 
-from conftest import build_json, shimgen
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
 
@@ -189,3 +191,26 @@ def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
     graph, model, (x,) = eager_and_inputs(spec, 0, {"batch": 9})
     with torch.no_grad():
         torch.testing.assert_close(package.forward(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path) -> None:
+    """A compiler whose libraries segfault when loaded is caught in a subprocess and skipped."""
+    real = shutil.which("g++")
+    assert real, "these tests need g++"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # Only in shared objects (-fPIC without -fPIE), so that Meson's sanity check still passes.
+    (tmp_path / "crash.h").write_text("#if defined(__PIC__) && !defined(__PIE__)\nstatic int shimgen_crash = (*(volatile int*)0 = 1);\n#endif\n")
+    crashing = bin_dir / "c++"
+    crashing.write_text(f'#!/bin/sh\nexec {real} -include {tmp_path / "crash.h"} "$@"\n')
+    crashing.chmod(0o755)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SHIMGEN_CACHE_DIR": str(tmp_path / "cache"), "CXX": ""}
+    doctor = shimgen("doctor", env=env)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert f"FAIL {crashing}" in doctor.stdout and "crashed with signal 11 while loading" in doctor.stdout
+    assert f"selected:       {crashing}" not in doctor.stdout and "selected:       none" not in doctor.stdout
+
+    alone = shimgen("build", REPO / "projects" / "mlp.toml", "--out", tmp_path, env={**env, "CXX": str(crashing)})
+    assert alone.returncode == 2
+    assert "no C++ compiler here builds torch extensions that load into this Python" in alone.stderr
+    assert "crashed with signal 11" in alone.stderr and "Fix:" in alone.stderr and "Traceback" not in alone.stderr

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from conftest import COMMAND, build_json, call_in_subprocess, shimgen
+
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_build import import_built
 
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import Graph, load_spec
-from test_build import import_built
 
 pytestmark = pytest.mark.slow
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import tomllib
 
+import tomllib
 from conftest import REPO, shimgen
+
 from shimgen.spec.schema import json_schema, markdown_reference
 
 

@@ -1,7 +1,10 @@
 """Toolchain: finds Python, torch, the C++ compiler, Meson and ninja, and proves they work together.
 
-Detection never imports torch (a no-op rebuild must stay fast); the proof builds a tiny probe
-extension with the same Meson setup as a real project and imports it in a subprocess.
+Detection never imports torch (a no-op rebuild must stay fast). The proof builds a tiny probe
+extension with the same Meson setup as a real project and imports it in a subprocess, so that a
+compiler whose output crashes when loaded (as GCC builds against another libstdc++ do, inside
+AOTInductor's std::regex) is caught and the next candidate compiler tried. Verdicts are cached
+per toolchain key.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import BuildError, UserError
+from ..errors import UserError
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,18 @@ def compiler_cache() -> str | None:
     return shutil.which("sccache") or shutil.which("ccache")
 
 
-def detect() -> Toolchain:
+@dataclass
+class Verdict:
+    """What the probe found for one candidate compiler."""
+
+    cxx: str
+    identity: str
+    ok: bool
+    reason: str = ""
+
+
+def detect(cxx: str | None = None) -> Toolchain:
+    """The toolchain around `cxx` (default: the first candidate compiler), unproved."""
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
         raise UserError("torch is not installed in this Python; install torch first (pip install torch==<version>)")
@@ -65,7 +79,7 @@ def detect() -> Toolchain:
     layout = re.search(r"struct THPVariable \{.*?\n\s*(c10::MaybeOwned<at::Tensor>|at::Tensor) cdata;", variable_header.read_text(), re.S)
     if layout is None:
         raise UserError(f"torch {torch_version}: unknown THPVariable layout in {variable_header}; this torch is not supported")
-    cxx = _find_compiler()
+    cxx = cxx or candidate_compilers()[0]
     return Toolchain(
         python=sys.executable,
         python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
@@ -81,6 +95,37 @@ def detect() -> Toolchain:
     )
 
 
+def candidate_compilers() -> list[str]:
+    """$CXX alone when set (the user's choice), else the usual C++ compilers on PATH, each once."""
+    if os.environ.get("CXX"):
+        path = shutil.which(os.environ["CXX"])
+        if path is None:
+            raise UserError(f"CXX={os.environ['CXX']} is not an executable compiler")
+        return [path]
+    found: dict[str, str] = {}
+    for name in ("c++", "g++", "/usr/bin/g++", "clang++"):
+        path = shutil.which(name)
+        if path:
+            found.setdefault(os.path.realpath(path), path)
+    if not found:
+        raise UserError("no C++ compiler found (tried c++, g++, /usr/bin/g++, clang++); install g++ or set CXX")
+    return list(found.values())
+
+
+def select() -> tuple[Toolchain, list[Verdict]]:
+    """The first candidate compiler whose probe builds and loads; UserError naming each failure if none."""
+    verdicts = []
+    for cxx in candidate_compilers():
+        tc = detect(cxx)
+        verdict = prove(tc, cache_dir())
+        verdicts.append(verdict)
+        if verdict.ok:
+            return tc, verdicts
+    lines = "\n".join(f"  {v.cxx} ({v.identity}): {v.reason}" for v in verdicts)
+    raise UserError(f"no C++ compiler here builds torch extensions that load into this Python:\n{lines}\n"
+                    "Fix: install a compiler that matches this Python's libstdc++ (the system g++), or set CXX to one.")
+
+
 def cache_dir() -> Path:
     """Per-user cache of proved toolchains: $SHIMGEN_CACHE_DIR, else $XDG_CACHE_HOME/shimgen/toolchain."""
     if os.environ.get("SHIMGEN_CACHE_DIR"):
@@ -88,14 +133,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shimgen" / "toolchain"
 
 
-def prove(tc: Toolchain, cache_dir: Path) -> Path:
-    """Build and load the probe extension once per toolchain key; BuildError names what failed."""
+def prove(tc: Toolchain, cache: Path) -> Verdict:
+    """Build and load the probe extension once per toolchain key; the verdict is cached either way."""
     from ..render import render_probe
 
-    probe_dir = cache_dir / tc.key
-    stamp = probe_dir / "proved.json"
+    probe_dir = cache / tc.key
+    stamp = probe_dir / "verdict.json"
     if stamp.is_file():
-        return probe_dir
+        return Verdict(**json.loads(stamp.read_text()))
     source, build = probe_dir / "src", probe_dir / "build"
     shutil.rmtree(probe_dir, ignore_errors=True)
     render_probe(tc, source)
@@ -104,29 +149,17 @@ def prove(tc: Toolchain, cache_dir: Path) -> Path:
         ([tc.ninja, "-C", str(build)], "compile"),
         ([tc.python, str(source / "check_probe.py"), str(build)], "import"),
     ]
+    verdict = Verdict(tc.cxx, tc.cxx_identity, True, "builds and loads the probe")
     for cmd, what in steps:
         result = subprocess.run(cmd, env=tc.env(), capture_output=True, text=True)
         if result.returncode != 0:
-            crashed = result.returncode < 0
-            tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-15:])
-            raise BuildError(
-                f"toolchain probe failed at {what}"
-                + (f" (the probe crashed with signal {-result.returncode} while loading)" if crashed else "")
-                + f": compiler {tc.cxx} ({tc.cxx_identity}) with torch {tc.torch_version}.\n{tail}\n"
-                "Fix: set CXX to a compiler that builds loadable torch extensions (e.g. CXX=/usr/bin/g++)."
-            )
-    stamp.write_text(json.dumps(asdict(tc), indent=2))
+            tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
+            crash = f"the probe crashed with signal {-result.returncode} while loading" if result.returncode < 0 else f"{what} failed"
+            verdict = Verdict(tc.cxx, tc.cxx_identity, False, f"{crash}: {tail}" if tail else crash)
+            break
     shutil.rmtree(build, ignore_errors=True)
-    return probe_dir
-
-
-def _find_compiler() -> str:
-    candidates = [os.environ["CXX"]] if os.environ.get("CXX") else ["c++", "g++", "clang++"]
-    for name in candidates:
-        path = shutil.which(name)
-        if path:
-            return path
-    raise UserError(f"no C++ compiler found (tried {', '.join(candidates)}); install g++ or set CXX")
+    stamp.write_text(json.dumps(asdict(verdict)))
+    return verdict
 
 
 def _compiler_identity(cxx: str) -> str:

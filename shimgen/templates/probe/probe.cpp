@@ -2,6 +2,8 @@
 // tensor round trip every binding relies on (shimgen_runtime.h) matches the installed torch.
 #include "shimgen_runtime.h"
 
+#include <torch/csrc/inductor/aoti_runtime/model_base.h>
+
 namespace {
 
 // roundtrip(t) -> a new torch.Tensor sharing t's storage, made through an AOTInductor handle.
@@ -22,9 +24,25 @@ PyObject* empty(PyObject*, PyObject* arg) {
   return shimgen::wrap_and_free(out);
 }
 
+// device("cuda:0") -> (device type, index) through AOTInductor's own parser: its std::regex is
+// where libraries built by a compiler with another libstdc++ crash.
+PyObject* device(PyObject*, PyObject* arg) {
+  const char* text = PyUnicode_AsUTF8(arg);
+  if (!text) return nullptr;
+  int32_t type = -1, index = -1;
+  try {
+    torch::aot_inductor::parse_device_str(text, type, index);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
+  return Py_BuildValue("(ii)", type, index);
+}
+
 PyMethodDef kMethods[] = {
     {"roundtrip", roundtrip, METH_O, nullptr},
     {"empty", empty, METH_O, nullptr},
+    {"device", device, METH_O, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "shimgen_probe", nullptr, -1, kMethods};
