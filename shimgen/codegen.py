@@ -41,7 +41,8 @@ class GeneratedSources:
     inductor_args: list[str]
 
 
-def inductor_configs(target: Target, flags: Flags) -> dict[str, Any]:
+def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> dict[str, Any]:
+    """Inductor settings for one graph; `cxx`, the proved compiler, for what Inductor compiles itself."""
     configs: dict[str, Any] = {
         "aot_inductor.package_cpp_only": True,
         "aot_inductor.precompile_headers": False,
@@ -55,10 +56,12 @@ def inductor_configs(target: Target, flags: Flags) -> dict[str, Any]:
     configs["cpp.weight_prepack"] = flags.onednn and target.isa == "native"
     if target.isa != "native":
         configs["cpp.simdlen"] = ISA_FLAGS[target.isa][0]
+    if cxx:
+        configs["cpp.cxx"] = (None, cxx)
     return configs
 
 
-def generate(program: Any, target: Target, flags: Flags, out_dir: Path) -> GeneratedSources:
+def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path) -> GeneratedSources:
     """Run Inductor's AOT codegen for one graph and target into out_dir."""
     import torch
 
@@ -70,7 +73,7 @@ def generate(program: Any, target: Target, flags: Flags, out_dir: Path) -> Gener
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
             with torch.no_grad(), torch.backends.mkldnn.flags(enabled=flags.onednn):
                 torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(package), inductor_configs=inductor_configs(target, flags)
+                    program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
                 )
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
             raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}") from exc

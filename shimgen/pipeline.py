@@ -94,7 +94,9 @@ def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Pro
     result = BuildOutput(spec.project.name, render.target_id(target), Path(), layout.site, [g.name for g in spec.graph])
 
     with _stage(result, "toolchain", report):
-        tc, _ = toolchain.select()
+        tc, verdicts = toolchain.select()
+        for failed in verdicts[:-1]:
+            report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
     launcher = toolchain.compiler_cache() if use_cache else None
     result.compiler_cache = launcher
     if state.get("meson_config") != [tc.key, launcher]:
@@ -191,7 +193,7 @@ def _trace_and_codegen(
         staging = codegen_dir.with_name(graph.name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            generated = codegen.generate(program, target, spec.flags, staging)
+            generated = codegen.generate(program, target, spec.flags, tc.cxx, staging)
         except UserError as exc:
             raise SpecError("", where, str(exc)) from None
         meta = {**out_meta, "defines": generated.defines, "inductor_args": generated.inductor_args}

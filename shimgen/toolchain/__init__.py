@@ -96,14 +96,14 @@ def detect(cxx: str | None = None) -> Toolchain:
 
 
 def candidate_compilers() -> list[str]:
-    """$CXX alone when set (the user's choice), else the usual C++ compilers on PATH, each once."""
+    """$CXX first when set, then the usual C++ compilers on PATH, each file once."""
+    names = ["c++", "g++", "/usr/bin/g++", "clang++"]
     if os.environ.get("CXX"):
-        path = shutil.which(os.environ["CXX"])
-        if path is None:
+        if shutil.which(os.environ["CXX"]) is None:
             raise UserError(f"CXX={os.environ['CXX']} is not an executable compiler")
-        return [path]
+        names.insert(0, os.environ["CXX"])
     found: dict[str, str] = {}
-    for name in ("c++", "g++", "/usr/bin/g++", "clang++"):
+    for name in names:
         path = shutil.which(name)
         if path:
             found.setdefault(os.path.realpath(path), path)
