@@ -61,10 +61,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _progress(stage: str, message: str) -> None:
-    if stage == "compile" and sys.stderr.isatty():
+    """One line per event; on a terminal, compile progress rewrites a single line."""
+    tty = sys.stderr.isatty()
+    if tty and stage == "compile" and message.startswith("compile "):
         print(f"\r[compile] {message}\033[K", end="", file=sys.stderr, flush=True)
     else:
-        print(f"[{stage}] {message}", file=sys.stderr, flush=True)
+        clear = "\r\033[K" if tty else ""
+        print(f"{clear}[{stage}] {message}", file=sys.stderr, flush=True)
 
 
 def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True):  # type: ignore[no-untyped-def]
