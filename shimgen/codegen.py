@@ -32,11 +32,9 @@ ISA_FLAGS = {
 
 
 @dataclass
-class GeneratedSources:
-    interface: Path
-    model: Path
-    kernels: list[Path]
-    weights: Path
+class InductorFlags:
+    """How Inductor's code must be compiled: its defines and its math and ISA flags."""
+
     defines: list[str]
     inductor_args: list[str]
 
@@ -61,8 +59,8 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     return configs
 
 
-def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path) -> GeneratedSources:
-    """Run Inductor's AOT codegen for one graph and target into out_dir."""
+def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path) -> InductorFlags:
+    """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir."""
     import torch
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -80,11 +78,12 @@ def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path
         files = _extract(package)
     flags_json = json.loads(files[".wrapper_compile_flags.json"])
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
-    kernel_files = [_write(out_dir / f"kernels_{k}.cpp", text) for k, text in enumerate(kernels)]
-    weights = out_dir / "weights.o"
-    weights.write_bytes(files[".weights.o"])
-    defines, args = _compile_flags(flags_json, target)
-    return GeneratedSources(_write(out_dir / "interface.cpp", interface), _write(out_dir / "model.cpp", model), kernel_files, weights, defines, args)
+    for k, text in enumerate(kernels):
+        (out_dir / f"kernels_{k}.cpp").write_text(text)
+    (out_dir / "interface.cpp").write_text(interface)
+    (out_dir / "model.cpp").write_text(model)
+    (out_dir / "weights.o").write_bytes(files[".weights.o"])
+    return InductorFlags(*_compile_flags(flags_json, target))
 
 
 def _extract(package: Path) -> dict[str, bytes]:
@@ -138,11 +137,6 @@ def _compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str
         if capability:
             defines.append(capability)
     return defines, args
-
-
-def _write(path: Path, text: str) -> Path:
-    path.write_text(text)
-    return path
 
 
 def _first_lines(text: str, n: int = 6) -> str:

@@ -193,10 +193,10 @@ def _trace_and_codegen(
         staging = codegen_dir.with_name(graph.name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
         try:
-            generated = codegen.generate(program, target, spec.flags, tc.cxx, staging)
+            compile_flags = codegen.generate(program, target, spec.flags, tc.cxx, staging)
         except UserError as exc:
             raise SpecError("", where, str(exc)) from None
-        meta = {**out_meta, "defines": generated.defines, "inductor_args": generated.inductor_args}
+        meta = {**out_meta, **dataclasses.asdict(compile_flags)}
         (staging / "codegen.json").write_text(json.dumps(meta, indent=1))
         replace_dir(staging, codegen_dir)
     record["codegen_key"] = codegen_key
