@@ -135,7 +135,7 @@ def main() -> None:
 
     # 3. C++ compile portion: PCH + split + O1 wrapper (ninja, 2 cores) vs one monolithic -O3 TU.
     build_dir = tmp / "cold" / "build" / "resnet"
-    mono = monolithic_o3_seconds(build_dir, build_dir / "codegen" / "forward")
+    mono = monolithic_o3_seconds(build_dir, build_dir / "codegen" / "forward_cpu")
     results["compile_ratio"] = cold["stages"]["compile"] / mono
     report(f"C++ compile: shimgen {cold['stages']['compile']:.1f}s vs monolithic -O3 wrapper.cpp {mono:.1f}s")
 

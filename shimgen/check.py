@@ -1,5 +1,5 @@
 """`shimgen check`: the built package against eager PyTorch, on the example inputs and on random
-inputs at min, middle and max of every dynamic dim."""
+inputs at min, middle and max of every dynamic dim, on each target's device this machine has."""
 
 from __future__ import annotations
 
@@ -43,11 +43,15 @@ def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path) -> list[Compar
     finally:
         sys.path.remove(str(package_dir))
     rows = []
-    for i, graph in enumerate(spec.graph):
+    devices = [t.device for t in spec.target if t.device == "cpu" or torch.cuda.is_available()]
+    for device, (i, graph) in ((d, g) for d in devices for g in enumerate(spec.graph)):
         model = load_model(graph, f"graph[{i}]", spec_dir)
+        if isinstance(model, torch.nn.Module):
+            model = model.to(device)
         compiled = getattr(pkg, graph.name)
         for n, (label, sizes) in enumerate(cases(graph)):
-            inputs = make_inputs(graph, sizes, graph.seed + n)
+            inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed + n)]
+            label = label if len(spec.target) == 1 else f"{device}: {label}"
             with torch.no_grad():
                 expected = call_model(model, graph, inputs)
                 got = call_model(compiled, graph, inputs)

@@ -115,6 +115,12 @@ def _check(args: argparse.Namespace) -> int:
     tolerances = ", ".join(f"{g.name}: atol={g.atol:g} rtol={g.rtol:g}" for g in spec.graph)
     verdict = f"{len(failed)} of {len(rows)} outputs beyond tolerance ({tolerances})" if failed else f"all {len(rows)} outputs match eager ({tolerances})"
     print(f"\ncheck: {verdict} in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    import torch
+
+    if any(t.device == "cuda" for t in spec.target) and not torch.cuda.is_available():
+        print("check: the cuda target was not checked: this machine has no GPU", file=sys.stderr)
+        if not rows:
+            return 1
     if args.json:
         print(json.dumps({**result.summary(), "ok": not failed, "comparisons": [r.__dict__ for r in rows]}, indent=2))
     return 1 if failed else 0
@@ -153,7 +159,23 @@ def _doctor(args: argparse.Namespace) -> int:
         chosen = chosen or (cxx if verdict.ok else None)
         print(f"  {'ok  ' if verdict.ok else 'FAIL'} {cxx} ({verdict.identity}): {verdict.reason}")
     print(f"selected:       {chosen or 'none: set CXX to a compiler that builds loadable torch extensions'}")
+    print(f"cuda targets:   {_cuda_line()}")
     return 0 if chosen else 2
+
+
+def _cuda_line() -> str:
+    from .errors import UserError
+    from .toolchain.cuda import detect_cuda, torch_cuda_version
+
+    try:
+        cuda = detect_cuda()
+    except UserError as exc:
+        return f"unavailable: {exc}"
+    try:
+        torch_cuda = f"torch built with CUDA {torch_cuda_version()}"
+    except UserError as exc:
+        torch_cuda = f"unavailable: {exc}"
+    return f"nvcc {cuda.version} at {cuda.nvcc} (archs: {', '.join(cuda.codes)}); {torch_cuda}"
 
 
 def _schema(args: argparse.Namespace) -> int:

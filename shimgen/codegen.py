@@ -6,23 +6,32 @@ function after its own include of `cpp_prefix.h`; plus the weights as an ELF obj
 compile flags as JSON. shimgen cuts that file into translation units that compile in parallel:
 interface.cpp (shared by a project's graphs), model.cpp, and `split` kernel files, and takes the
 ISA from the spec's target, never from the build machine.
+
+For CUDA, Inductor also leaves one PTX file per Triton kernel, which the model loads from the
+symbol `__<kernel>_start` (embed_kernel_binary): the generated Meson project turns each into a
+fatbin for the spec's archs and embeds it. The kernels' Triton sources, kept in the wrapper as
+comments, are saved beside them for the package.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import tempfile
+import textwrap
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .errors import UserError
 from .spec import Flags, Target
 
 KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>"
 INTERFACE_END = '} // extern "C"\n'
+TRITON_SOURCE = re.compile(r"async_compile\.triton\('(\w+)', '{3}\n(.*?)'{3}, device_str='cuda'\)", re.S)
 # -march and CPU_CAPABILITY per spec isa; 'native' keeps what Inductor picked for this machine.
 ISA_FLAGS = {
     "avx512": (512, ["-march=x86-64-v4", "-mfma"], "CPU_CAPABILITY_AVX512"),
@@ -50,17 +59,28 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
         "freezing": flags.freezing,
         "max_autotune": flags.max_autotune,
     }
+    if cxx:
+        configs["cpp.cxx"] = (None, cxx)
+    if target.device == "cuda":
+        configs["aot_inductor.embed_kernel_binary"] = True
+        configs["aot_inductor.emit_multi_arch_kernel"] = True  # PTX, not a cubin for the build GPU alone
+        if flags.tma:
+            # Autotuning would pick cuBLAS or the plain mm template whenever they time faster; TMA means
+            # the persistent TMA template for every GEMM, so the others are left out of the running.
+            configs.update({"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
+                            "triton.enable_persistent_tma_matmul": True,
+                            "test_configs.autotune_choice_name_regex": r"^(?!triton_(mm|bmm)_\d)"})
+        return configs
     # oneDNN-prepacked weights are blocked for the build machine's CPU: native ISA only.
     configs["cpp.weight_prepack"] = flags.onednn and target.isa == "native"
     if target.isa != "native":
         configs["cpp.simdlen"] = ISA_FLAGS[target.isa][0]
-    if cxx:
-        configs["cpp.cxx"] = (None, cxx)
     return configs
 
 
 def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path) -> InductorFlags:
-    """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir."""
+    """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
+    for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`."""
     import torch
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -69,13 +89,13 @@ def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path
         try:
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
-            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=flags.onednn):
+            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=flags.onednn), _quiet_autotuning():
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
                 )
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
             raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}") from exc
-        files = _extract(package)
+        files, ptx = _extract(package)
     flags_json = json.loads(files[".wrapper_compile_flags.json"])
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
     for k, text in enumerate(kernels):
@@ -83,13 +103,45 @@ def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path
     (out_dir / "interface.cpp").write_text(interface)
     (out_dir / "model.cpp").write_text(model)
     (out_dir / "weights.o").write_bytes(files[".weights.o"])
+    if target.device == "cuda":
+        _write_cuda_kernels(model, ptx, out_dir)
     return InductorFlags(*_compile_flags(flags_json, target))
 
 
-def _extract(package: Path) -> dict[str, bytes]:
+def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> None:
+    wanted = set(re.findall(r"loadKernel\(__(\w+)_start,", model))
+    if wanted - set(ptx):
+        raise UserError(f"Inductor left no PTX for kernels {', '.join(sorted(wanted - set(ptx)))}; this torch version is not supported")
+    for name in sorted(wanted):
+        (out_dir / f"{name}.ptx").write_bytes(ptx[name])
+    (out_dir / "triton").mkdir()
+    for name, source in TRITON_SOURCE.findall(model):
+        (out_dir / "triton" / f"{name}.py").write_text(textwrap.dedent(source))
+
+
+@contextmanager
+def _quiet_autotuning() -> Iterator[None]:
+    """Autotuning logs a traceback for every candidate kernel that fails to compile or run (too much
+    shared memory, say) and then drops it; the build is fine, so users need not see them."""
+    loggers = [logging.getLogger(name) for name in ("torch._inductor.select_algorithm", "torch._inductor.autotune_process")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """The wrapper's files by suffix, and the CUDA kernels' PTX by kernel name."""
     found: dict[str, bytes] = {}
+    ptx: dict[str, bytes] = {}
     with zipfile.ZipFile(package) as zf:
         for name in zf.namelist():
+            if name.endswith(".ptx"):
+                ptx[Path(name).stem] = zf.read(name)
             for suffix in (".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o"):
                 if name.endswith(suffix):
                     if suffix in found:
@@ -98,13 +150,13 @@ def _extract(package: Path) -> dict[str, bytes]:
     missing = {".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o"} - set(found)
     if missing:
         raise UserError(f"Inductor's output lacks {', '.join(sorted(missing))}; this torch version is not supported")
-    return found
+    return found, ptx
 
 
 def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
     """(interface, model, kernel files): the kernels dealt into at most `parts` files of similar size."""
     # Drop Inductor's trailing "// g++ ..." notes: they hold build-machine temp paths.
-    text = re.sub(r"\n// (g\+\+|c\+\+|clang\+\+) [^\n]*", "", text).rstrip() + "\n"
+    text = re.sub(r"\n// (Compile cmd|Link cmd|\S*(g\+\+|c\+\+|clang\+\+) )[^\n]*", "", text).rstrip() + "\n"
     end = text.find(INTERFACE_END)
     if end < 0:
         raise UserError("Inductor's wrapper has no runtime interface block; this torch version is not supported")
@@ -127,6 +179,10 @@ def _compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str
     # Inductor's math flags decide numerics (e.g. -ffp-contract=off); keep them, drop opt/debug/warning/ISA choices.
     drop = re.compile(r"^(O\d|Os|g\d?|march=.*|std=.*|W.*|pedantic|fPIC|shared|fopenmp|DNDEBUG)$")
     args = [f"-{c}" for c in flags_json["cflags"] if not drop.match(c)]
+    if target.device == "cuda":
+        # The host side of a CUDA graph is glue code: baseline x86-64, portable like the fatbins.
+        args += [f"-I{d}" for d in flags_json["include_dirs"] if "torch/include" not in d and "python" not in d]  # CUDA's
+        return [d for d in defines if not d.startswith("CPU_CAPABILITY")], args
     if target.isa == "native":
         args.append("-march=native")
         args += [a for p in flags_json.get("passthrough_args", []) for a in p.split()]

@@ -23,6 +23,7 @@ from .errors import SpecError, UserError
 from .files import replace_dir, write_if_changed
 from .render import GraphSources
 from .spec import Graph, ProjectSpec, Target, load_spec
+from .toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
 from .toolchain.prebuilt import ensure_prebuilt
 
 Progress = Callable[[str, str], None]
@@ -86,45 +87,51 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
 
 def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
     spec = load_spec(spec_path)
-    target = _cpu_target(spec)
     out = out.resolve()
     layout = Layout.of(spec_path, out, spec.project.name)
     layout.root.mkdir(parents=True, exist_ok=True)
     state = {} if force else _load_state(layout.state_file)
-    result = BuildOutput(spec.project.name, render.target_id(target), Path(), layout.site, [g.name for g in spec.graph])
+    targets = "+".join(render.target_id(t) for t in spec.target)
+    result = BuildOutput(spec.project.name, targets, Path(), layout.site, [g.name for g in spec.graph])
 
     with _stage(result, "toolchain", report):
         tc, verdicts = toolchain.select()
         for failed in verdicts[:-1]:
             report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
+        cuda = _cuda_toolchain(spec)
     launcher = toolchain.compiler_cache() if use_cache else None
     result.compiler_cache = launcher
-    if state.get("meson_config") != [tc.key, launcher]:
+    meson_config = [tc.key, launcher, cuda.nvcc if cuda else None]
+    if state.get("meson_config") != meson_config:
         # A Meson build directory keeps the compiler it was configured with. Trace and codegen
         # records stay: their keys hold the torch version, and their output ignores the compiler.
         shutil.rmtree(layout.root / "meson", ignore_errors=True)
         state.pop("package_key", None)
-        state["meson_config"] = [tc.key, launcher]
+        state["meson_config"] = meson_config
 
-    sources = []
-    graph_state = state.setdefault("graphs", {})
-    for i, graph in enumerate(spec.graph):
-        record = graph_state.get(graph.name, {})
-        sources.append(_trace_and_codegen(spec, graph, f"graph[{i}]", target, tc, layout, record, result, report))
-        graph_state[graph.name] = record
-        _save_state(layout.state_file, state)
-    for stale in set(graph_state) - {g.name for g in spec.graph}:
-        del graph_state[stale]
+    units: list[GraphSources] = []
+    unit_state = state.setdefault("units", {})
+    for target in spec.target:
+        for i, graph in enumerate(spec.graph):
+            record = unit_state.setdefault(render.unit_name(graph, target), {})
+            units.append(_trace_and_codegen(spec, graph, f"graph[{i}]", target, tc, layout, record, result, report))
+            _save_state(layout.state_file, state)
+    for stale in set(unit_state) - {u.name for u in units}:
+        del unit_state[stale]
 
     project_dir, meson_dir = layout.root / "project", layout.root / "meson"
+    prebuilt = {}
     with _stage(result, "prebuilt", report):
-        interfaces = {(g.codegen_dir / "interface.cpp").read_bytes() for g in sources}
-        if len(interfaces) != 1:
-            raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
-        flags = spec.flags
-        prebuilt = ensure_prebuilt(tc, render.inductor_args(sources[0].meta), flags.wrapper_opt, flags.kernel_opt, flags.pch, interfaces.pop())
+        for target in spec.target:
+            sources = [u for u in units if u.target is target]
+            interfaces = {(u.codegen_dir / "interface.cpp").read_bytes() for u in sources}
+            if len(interfaces) != 1:
+                raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
+            flags = spec.flags
+            prebuilt[target.device] = ensure_prebuilt(tc, target.device, render.inductor_args(sources[0].meta),
+                                                      flags.wrapper_opt, flags.kernel_opt, flags.pch, interfaces.pop())
     with _stage(result, "render", report):
-        render.render_project(spec, spec_path.name, target, tc, sources, prebuilt, project_dir)
+        render.render_project(spec, spec_path.name, tc, cuda, units, prebuilt, project_dir)
     with _stage(result, "compile", report):
         compiled = compile_stage.compile_project(project_dir, meson_dir, tc, launcher, lambda msg: report("compile", msg))
     result.compile_units = (compiled.units_done, compiled.units_total)
@@ -144,41 +151,49 @@ def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Pro
     return result
 
 
-def _cpu_target(spec: ProjectSpec) -> Target:
+def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
+    """nvcc and torch's CUDA, checked against the spec's cuda target; None without one."""
     for i, target in enumerate(spec.target):
         if target.device == "cuda":
-            raise SpecError(
-                "", f"target[{i}]", "cuda targets are validated but building them awaits the CUDA target issue; remove this target to build for cpu"
-            )
-    return spec.target[0]
+            try:
+                cuda = detect_cuda()
+                check_archs(cuda, target, f"target[{i}]")
+                torch_cuda_version()
+            except UserError as exc:
+                if isinstance(exc, SpecError):
+                    raise
+                raise SpecError("", f"target[{i}]", str(exc)) from None
+            return cuda
+    return None
 
 
 def _trace_and_codegen(
     spec: ProjectSpec, graph: Graph, where: str, target: Target, tc: toolchain.Toolchain,
     layout: Layout, record: dict[str, Any], result: BuildOutput, report: Progress,
 ) -> GraphSources:
+    name = render.unit_name(graph, target)
     trace_dir = layout.root / "trace"
-    codegen_dir = layout.root / "codegen" / graph.name
+    codegen_dir = layout.root / "codegen" / name
     spec_dir = layout.spec_path.parent.resolve()
-    trace_key = _trace_key(graph, tc, record.get("deps", {}))
+    trace_key = _trace_key(graph, target, tc, record.get("deps", {}))
     codegen_key = _codegen_key(trace_key, spec, target)
     meta_file = codegen_dir / "codegen.json"
     if record.get("codegen_key") == codegen_key and meta_file.is_file():
-        result.skipped.append(f"trace:{graph.name}")
-        result.skipped.append(f"codegen:{graph.name}")
-        return GraphSources(graph, codegen_dir, json.loads(meta_file.read_text()))
+        result.skipped.append(f"trace:{name}")
+        result.skipped.append(f"codegen:{name}")
+        return GraphSources(graph, target, codegen_dir, json.loads(meta_file.read_text()))
 
-    program_file = trace_dir / f"{graph.name}.pt2"
-    trace_meta = trace_dir / f"{graph.name}.json"
+    program_file = trace_dir / f"{name}.pt2"
+    trace_meta = trace_dir / f"{name}.json"
     import torch
 
     if record.get("trace_key") == trace_key and program_file.is_file() and trace_meta.is_file():
-        result.skipped.append(f"trace:{graph.name}")
+        result.skipped.append(f"trace:{name}")
         program = torch.export.load(str(program_file))
         out_meta = json.loads(trace_meta.read_text())
     else:
-        with _stage(result, "trace", report, graph.name):
-            traced = trace.trace(graph, where, spec_dir)
+        with _stage(result, "trace", report, name):
+            traced = trace.trace(graph, where, spec_dir, target.device)
             deps = {str(path): _hash_file(path) for path in entry.project_modules(spec_dir)}
             trace_dir.mkdir(parents=True, exist_ok=True)
             torch.export.save(traced.program, str(program_file))
@@ -186,11 +201,11 @@ def _trace_and_codegen(
             out_meta = {"out_nodes": [dataclasses.asdict(n) for n in traced.out_nodes], "num_outputs": traced.num_outputs}
             write_if_changed(trace_meta, json.dumps(out_meta))
         record.clear()
-        record.update(deps=deps, trace_key=_trace_key(graph, tc, deps))
+        record.update(deps=deps, trace_key=_trace_key(graph, target, tc, deps))
         codegen_key = _codegen_key(record["trace_key"], spec, target)
 
-    with _stage(result, "codegen", report, graph.name):
-        staging = codegen_dir.with_name(graph.name + ".new")
+    with _stage(result, "codegen", report, name):
+        staging = codegen_dir.with_name(name + ".new")
         shutil.rmtree(staging, ignore_errors=True)
         try:
             compile_flags = codegen.generate(program, target, spec.flags, tc.cxx, staging)
@@ -200,17 +215,17 @@ def _trace_and_codegen(
         (staging / "codegen.json").write_text(json.dumps(meta, indent=1))
         replace_dir(staging, codegen_dir)
     record["codegen_key"] = codegen_key
-    return GraphSources(graph, codegen_dir, meta)
+    return GraphSources(graph, target, codegen_dir, meta)
 
 
 def _codegen_key(trace_key: str, spec: ProjectSpec, target: Target) -> str:
     return _key(trace_key, dataclasses.asdict(target), codegen.inductor_configs(target, spec.flags), spec.flags.split, _source_of(codegen))
 
 
-def _trace_key(graph: Graph, tc: toolchain.Toolchain, deps: dict[str, str]) -> str:
+def _trace_key(graph: Graph, target: Target, tc: toolchain.Toolchain, deps: dict[str, str]) -> str:
     current = {path: _hash_file(Path(path)) for path in deps}
     section = {k: v for k, v in dataclasses.asdict(graph).items() if k not in CHECK_ONLY_FIELDS}
-    return _key(section, tc.torch_version, current, _source_of(trace), _source_of(entry))
+    return _key(section, target.device, tc.torch_version, current, _source_of(trace), _source_of(entry))
 
 
 def _source_of(module: Any) -> str:

@@ -16,6 +16,7 @@ import jinja2
 from .files import write_if_changed
 from .spec import Graph, ProjectSpec, Target
 from .toolchain import Toolchain
+from .toolchain.cuda import CudaToolchain
 from .toolchain.prebuilt import Prebuilt
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -28,11 +29,21 @@ SCALAR_TYPES = {
 
 @dataclass
 class GraphSources:
-    """What codegen left for one graph: its directory, and the facts the binding needs."""
+    """What codegen left for one graph on one target: its directory, and the facts the binding needs."""
 
     graph: Graph
+    target: Target
     codegen_dir: Path
     meta: dict[str, Any]  # codegen.json: out_nodes, num_outputs, defines, inductor_args
+
+    @property
+    def name(self) -> str:
+        return unit_name(self.graph, self.target)
+
+
+def unit_name(graph: Graph, target: Target) -> str:
+    """One graph compiled for one target: its sources dir, codegen dir and extension module `_<unit>`."""
+    return f"{graph.name}_{target.device}"
 
 
 def _env() -> jinja2.Environment:
@@ -53,53 +64,73 @@ def render_probe(tc: Toolchain, out: Path) -> None:
         write_if_changed(out / Path(name).name, (TEMPLATES / name).read_bytes())
 
 
-def render_prebuilt(tc: Toolchain, inductor_args: list[str], wrapper_opt: str, kernel_opt: str, pch: bool, interface: bytes, out: Path) -> None:
+def render_prebuilt(tc: Toolchain, device: str, inductor_args: list[str], wrapper_opt: str, kernel_opt: str, pch: bool,
+                    interface: bytes, out: Path) -> None:
     env = _env()
     context = {"tc": tc, "inductor_args": inductor_args, "wrapper_opt": OPT[wrapper_opt], "kernel_opt": OPT[kernel_opt], "pch": pch}
     write_if_changed(out / "meson.build", env.get_template("prebuilt/meson.build.j2").render(context))
     write_if_changed(out / "aoti_interface.cpp", interface)
     write_if_changed(out / "empty.cpp", "")
-    for name in ("wrapper_pch.h", "kernel_pch.h"):
-        write_if_changed(out / "pch" / name, (TEMPLATES / "prebuilt" / name).read_bytes())
+    write_if_changed(out / "pch" / "wrapper_pch.h", env.get_template("prebuilt/wrapper_pch.h.j2").render(device=device))
+    write_if_changed(out / "pch" / "kernel_pch.h", (TEMPLATES / "prebuilt" / "kernel_pch.h").read_bytes())
 
 
 def render_project(
-    spec: ProjectSpec, spec_file: str, target: Target, tc: Toolchain, graphs: list[GraphSources], prebuilt: Prebuilt, out: Path
+    spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, units: list[GraphSources],
+    prebuilt: dict[str, Prebuilt], out: Path,
 ) -> list[Path]:
     """Write the generated Meson project into `out`; returns every file it consists of."""
     env = _env()
     name = spec.project.name
     files: dict[Path, str | bytes] = {}
-    graph_context = []
     binding = env.get_template("project/binding.cpp.j2")
-    for g in graphs:
-        src = out / "src" / g.graph.name
-        kernels = sorted(p.name for p in g.codegen_dir.glob("kernels_*.cpp"))
-        for part in ["model.cpp", "weights.o", *kernels]:
-            files[src / part] = (g.codegen_dir / part).read_bytes()
-        files[src / "binding.cpp"] = binding.render(_binding_context(g, target, tc, spec.runtime.instances))
-        graph_context.append({"name": g.graph.name, "kernels": kernels})
+    target_ids = " and ".join(target_id(t) for t in spec.target)
+    unit_context = []
+    for u in units:
+        src = out / "src" / u.name
+        kernels = sorted(p.name for p in u.codegen_dir.glob("kernels_*.cpp"))
+        ptx = sorted(p.name for p in u.codegen_dir.glob("*.ptx"))
+        triton = sorted(p.name for p in (u.codegen_dir / "triton").glob("*.py"))
+        for part in ["model.cpp", "weights.o", *kernels, *ptx, *(f"triton/{t}" for t in triton)]:
+            files[src / part] = (u.codegen_dir / part).read_bytes()
+        cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
+        files[src / "binding.cpp"] = binding.render(_binding_context(u, tc, spec, target_ids, cuda_graphs))
+        unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "kernels": kernels,
+                             "cuda_kernels": [Path(p).stem for p in ptx], "triton": triton, "cuda_graphs": cuda_graphs})
+    targets = []
+    for t in spec.target:
+        built = prebuilt[t.device]
+        targets.append({
+            "device": t.device,
+            "archs": t.archs,
+            "inductor_args": inductor_args(next(u.meta for u in units if u.target is t)),
+            "interface_lib": str(built.interface_lib),
+            "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
+            "kernel_pch_args": ["-include", str(built.kernel_pch), "-Winvalid-pch"] if built.kernel_pch else [],
+        })
     context = {
         "name": name,
         "version": spec.project.version,
         "description": spec.project.description,
         "spec_file": spec_file,
-        "target_id": target_id(target),
+        "target_ids": target_ids,
         "tc": tc,
+        "cuda": cuda,
         "torch_version": tc.torch_version,
         "python_version": tc.python_version,
-        "inductor_args": inductor_args(graphs[0].meta),
-        "interface_lib": str(prebuilt.interface_lib),
-        "wrapper_pch_args": ["-include", str(prebuilt.wrapper_pch), "-Winvalid-pch"] if prebuilt.wrapper_pch else [],
-        "kernel_pch_args": ["-include", str(prebuilt.kernel_pch), "-Winvalid-pch"] if prebuilt.kernel_pch else [],
         "wrapper_opt": OPT[spec.flags.wrapper_opt],
         "kernel_opt": OPT[spec.flags.kernel_opt],
-        "graphs": graph_context,
+        "targets": targets,
+        "units": unit_context,
+        "graphs": [g.name for g in spec.graph],
+        "docstrings": {g.name: docstring(g, next(u.meta for u in units if u.graph is g)["out_nodes"]) for g in spec.graph},
     }
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
     files[out / name / "__init__.py"] = env.get_template("project/__init__.py.j2").render(context)
-    files[out / "src" / "shimgen_runtime.h"] = (TEMPLATES / "project/shimgen_runtime.h").read_text()
+    runtime = ["shimgen_runtime.h"] + (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
+    for name in runtime:
+        files[out / "src" / name] = (TEMPLATES / "project" / name).read_text()
     for path, content in files.items():
         write_if_changed(path, content)
     _remove_stale(out, set(files))
@@ -111,8 +142,8 @@ def inductor_args(meta: dict[str, Any]) -> list[str]:
     return [f"-D{d}" for d in meta["defines"]] + meta["inductor_args"]
 
 
-def _binding_context(g: GraphSources, target: Target, tc: Toolchain, instances: int) -> dict[str, Any]:
-    graph = g.graph
+def _binding_context(u: GraphSources, tc: Toolchain, spec: ProjectSpec, target_ids: str, cuda_graphs: bool) -> dict[str, Any]:
+    graph = u.graph
     dim_index = {name: k for k, name in enumerate(graph.dims)}
     inputs = []
     for inp in graph.inputs:
@@ -127,19 +158,21 @@ def _binding_context(g: GraphSources, target: Target, tc: Toolchain, instances: 
         })
     return {
         "graph": graph.name,
-        "module": f"_{graph.name}",
-        "target_id": target_id(target),
-        "device": target.device,
-        "device_type": "CPU" if target.device == "cpu" else "CUDA",
+        "module": f"_{u.name}",
+        "target_ids": target_ids,
+        "device": u.target.device,
+        "device_type": "CPU" if u.target.device == "cpu" else "CUDA",
         "inputs": inputs,
         "num_positional": sum(1 for inp in graph.inputs if not inp.keyword),
         "max_rank": max(1, max(len(inp.shape) for inp in graph.inputs)),
         "dims": [{"name": n, "min": d.min, "max": d.max} for n, d in graph.dims.items()],
-        "out_nodes": g.meta["out_nodes"],
-        "num_outputs": g.meta["num_outputs"],
-        "num_models": instances,
+        "out_nodes": u.meta["out_nodes"],
+        "num_outputs": u.meta["num_outputs"],
+        # A captured graph replays one model instance; more would only hold more memory.
+        "num_models": 1 if cuda_graphs else spec.runtime.instances,
+        "cuda_graphs": cuda_graphs,
         "has_last_error": tc.has_last_error,
-        "docstring": json.dumps(docstring(graph, g.meta["out_nodes"])),
+        "docstring": json.dumps(docstring(graph, u.meta["out_nodes"])),
     }
 
 

@@ -32,11 +32,14 @@ class Traced:
     num_outputs: int
 
 
-def trace(graph: Graph, where: str, spec_dir: Path) -> Traced:
+def trace(graph: Graph, where: str, spec_dir: Path, device: str) -> Traced:
+    """Export on `device`: Inductor generates kernels for the device the program's tensors are on."""
     import torch
 
     model = load_model(graph, where, spec_dir)
-    inputs = make_inputs(graph, example_sizes(graph), graph.seed)
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device)
+    inputs = [t.to(device) for t in make_inputs(graph, example_sizes(graph), graph.seed)]
     with torch.no_grad():
         try:
             call_model(model, graph, inputs)

@@ -82,7 +82,7 @@ def test_docstrings_list_inputs(built_multi: dict[str, Any]) -> None:
 
 def test_noop_rebuild_skips_every_stage(built_mlp: dict[str, Any], workdir: Path) -> None:
     again = build_json(workdir / "projects" / "mlp.toml", workdir)
-    assert {"trace:forward", "codegen:forward", "package"} <= set(again["skipped"])
+    assert {"trace:forward_cpu", "codegen:forward_cpu", "package"} <= set(again["skipped"])
     assert again["compiled_units"]["done"] in (0, 1)  # at most Meson's own regeneration step
     assert again["wheel"] == built_mlp["wheel"]
 
@@ -166,7 +166,7 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
         fake.chmod(0o755)
         result = shimgen("build", spec, "--out", workdir, env={"CXX": str(fake)})
         assert result.returncode == 1, result.stderr
-        assert "compile failed in" in result.stderr and "src/forward/binding.cpp" in result.stderr
+        assert "compile failed in" in result.stderr and "src/forward_cpu/binding.cpp" in result.stderr
         assert "error: injected failure" in result.stderr and "Traceback" not in result.stderr
     finally:
         spec.write_text(original)

@@ -48,8 +48,8 @@ def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path
     try:
         source.write_text(edited)
         after = build_json(zoo_spec, workdir)
-        assert "trace:convnet" not in after["skipped"] and "codegen:convnet" not in after["skipped"]
-        assert {"trace:heads", "codegen:heads", "trace:distance", "codegen:distance"} <= set(after["skipped"])
+        assert "trace:convnet_cpu" not in after["skipped"] and "codegen:convnet_cpu" not in after["skipped"]
+        assert {"trace:heads_cpu", "codegen:heads_cpu", "trace:distance_cpu", "codegen:distance_cpu"} <= set(after["skipped"])
         want = eager(zoo_spec, 0, [x])
         torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), want, rtol=1e-4, atol=1e-5)
     finally:
@@ -67,7 +67,7 @@ def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, t
         # An opt level: the same generated sources, compiled again with the new flag.
         zoo_spec.write_text(original + '\n[flags]\nkernel_opt = "O2"\n')
         after = build_json(zoo_spec, workdir)
-        assert {f"{stage}:{g}" for stage in ("trace", "codegen") for g in graphs} <= set(after["skipped"])
+        assert {f"{stage}:{g}_cpu" for stage in ("trace", "codegen") for g in graphs} <= set(after["skipped"])
         compile_commands = (workdir / "build" / "zoo" / "meson" / "compile_commands.json").read_text()
         assert "-O2" in compile_commands and after["compiled_units"]["done"] > 0
         torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
@@ -75,9 +75,9 @@ def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, t
         # A codegen flag: the saved traces are reloaded and generated again, one kernel file per graph.
         zoo_spec.write_text(original + '\n[flags]\nkernel_opt = "O2"\nsplit = 1\n')
         after = build_json(zoo_spec, workdir)
-        assert {f"trace:{g}" for g in graphs} <= set(after["skipped"])
-        assert not {f"codegen:{g}" for g in graphs} & set(after["skipped"])
-        assert len(list((workdir / "build" / "zoo" / "project" / "src" / "convnet").glob("kernels_*.cpp"))) == 1
+        assert {f"trace:{g}_cpu" for g in graphs} <= set(after["skipped"])
+        assert not {f"codegen:{g}_cpu" for g in graphs} & set(after["skipped"])
+        assert len(list((workdir / "build" / "zoo" / "project" / "src" / "convnet_cpu").glob("kernels_*.cpp"))) == 1
         torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
     finally:
         zoo_spec.write_text(original)
@@ -90,7 +90,7 @@ def test_dynamic_range_edit_reaches_the_package(zoo_spec: Path, workdir: Path, t
     try:
         zoo_spec.write_text(narrowed)
         after = build_json(zoo_spec, workdir)
-        assert "trace:convnet" not in after["skipped"]
+        assert "trace:convnet_cpu" not in after["skipped"]
         (x12,) = convnet_inputs(zoo_spec, batch=12)
         assert call_in_subprocess(after, "convnet", tmp_path, x12) == "ValueError: convnet(): input 'x' dim 0 ('batch') must be in [1, 8], got 12"
         (x8,) = convnet_inputs(zoo_spec, batch=8)
@@ -105,7 +105,7 @@ def test_split_kernels_are_bit_identical(zoo_spec: Path, workdir: Path, tmp_path
     one_file = zoo_spec.with_name("zoo_split1.toml")
     one_file.write_text(zoo_spec.read_text().replace('name = "zoo"', 'name = "zoo_split1"') + "\n[flags]\nsplit = 1\n")
     split1 = build_json(one_file, workdir)
-    kernels = lambda s: sorted(Path(s["package_dir"]).parents[0].glob("codegen/convnet/kernels_*.cpp"))  # noqa: E731
+    kernels = lambda s: sorted(Path(s["package_dir"]).parents[0].glob("codegen/convnet_cpu/kernels_*.cpp"))  # noqa: E731
     assert len(kernels(split1)) == 1 and len(kernels(split4)) > 1
     spec = load_spec(zoo_spec)
     for graph in spec.graph:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from shimgen.cli import main
+from shimgen.toolchain.cuda import detect_cuda
 
 GOOD_GRAPH = """
 [[graph]]
@@ -34,13 +37,15 @@ CASES = [
     ("unknown dim", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["btach", 32]'), "graph[0].inputs[0].shape[0]: 'btach' is not a dim of this graph (dims: batch)"),
     ("dim range", PROJECT + GOOD_GRAPH.replace("min = 1, max = 8", "min = 9, max = 8"), "graph[0].dims.batch.max: max 8 is below min 9"),
     ("entry syntax", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "models/mlp.py"), "graph[0].entry: 'models/mlp.py' is not 'package.module:callable'"),
-    ("tma on cpu", PROJECT + GOOD_GRAPH + "[flags]\ntma = true\n", "flags.tma: tma applies to cuda targets only"),
-    ("cuda graphs await", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n[flags]\ncuda_graphs = true\n', "flags.cuda_graphs: cuda_graphs awaits the CUDA target issue"),
+    ("tma on cpu", PROJECT + GOOD_GRAPH + "[flags]\ntma = true\n", 'flags.tma: tma applies to cuda targets only; add a [[target]] with device = "cuda"'),
+    ("tma before hopper", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_80", "sm_90"]\n[flags]\ntma = true\n',
+     "flags.tma: TMA needs Hopper or newer (sm_90+); the cuda target lists sm_80"),
+    ("cuda graphs dynamic", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n[flags]\ncuda_graphs = true\n',
+     "flags.cuda_graphs: CUDA graphs replay one static shape; graph[0] 'forward' has dynamic dims (batch)"),
+    ("arch twice", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90", "sm_90"]\n', "target[0].archs[1]: 'sm_90' is listed twice"),
     ("bad arch", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["hopper"]\n', "target[0].archs[0]: 'hopper' is not a CUDA arch such as 'sm_90'"),
     ("isa on cuda", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\nisa = "avx2"\narchs = ["sm_90"]\n', "target[0].isa: isa applies to cpu targets only"),
     ("bad isa", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cpu"\nisa = "sse9"\n', "target[0].isa: 'sse9' is not a valid isa (expected one of: native, avx2, avx512, default)"),
-    ("cuda build awaits", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n',
-     "target[0]: cuda targets are validated but building them awaits the CUDA target issue; remove this target to build for cpu"),
     ("custom op", PROJECT + GOOD_GRAPH + '[[custom_op]]\nname = "mylib::gelu"\n', "custom_op: custom ops are not yet supported (they come with the custom-ops work)"),
     ("no module", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "nowhere.model:build"), "graph[0].entry: cannot import 'nowhere.model': ModuleNotFoundError: No module named 'nowhere'"),
     ("no attribute", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "models.mlp:nope"), "graph[0].entry: module 'models.mlp' has no attribute 'nope'"),
@@ -72,3 +77,37 @@ def test_cli_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["bulid"])
     assert exc.value.code == 2
     assert "invalid choice: 'bulid'" in capsys.readouterr().err
+
+
+CUDA_SPEC = PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cpu"\n[[target]]\ndevice = "cuda"\narchs = ["ARCH"]\n'
+
+
+def _build_error(workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> str:
+    spec = workdir / "projects" / "bad.toml"
+    spec.write_text(text)
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert not any("Traceback" in line for line in err)
+    assert not (tmp_path / "dist").exists()
+    return err[-1].removeprefix(f"shimgen: {spec}: ")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="needs nvcc to list its archs")
+def test_arch_nvcc_cannot_target(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cuda = detect_cuda()
+    message = _build_error(workdir, tmp_path, capsys, CUDA_SPEC.replace("ARCH", "sm_20"))
+    assert message == f"target[1].archs[0]: nvcc {cuda.version} ({cuda.nvcc}) cannot target sm_20; it can target {', '.join(cuda.codes)}"
+
+
+def test_nvcc_missing(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NVCC", str(tmp_path / "no-nvcc"))
+    message = _build_error(workdir, tmp_path, capsys, CUDA_SPEC.replace("ARCH", "sm_90"))
+    assert message == f"target[1]: NVCC={tmp_path / 'no-nvcc'} is not an executable; point it at nvcc or unset it"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="needs nvcc, to get past the arch check")
+@pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch")
+def test_cuda_target_with_cpu_torch(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    message = _build_error(workdir, tmp_path, capsys, CUDA_SPEC.replace("ARCH", "sm_90"))
+    torch_dir = Path(torch.__file__).parent
+    assert message == f"target[1]: the installed torch at {torch_dir} has no CUDA support; cuda targets need a CUDA build of torch"

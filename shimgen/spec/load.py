@@ -127,7 +127,7 @@ def validate(spec: ProjectSpec) -> None:
     if not spec.target:
         spec.target.append(Target(device="cpu"))
     _validate_targets(spec.target)
-    _validate_flags(spec.flags, spec.target)
+    _validate_flags(spec)
     if spec.runtime.instances < 1:
         raise SpecError("", "runtime.instances", f"instances must be at least 1, got {spec.runtime.instances}")
     if spec.custom_op:
@@ -201,17 +201,32 @@ def _validate_targets(targets: list[Target]) -> None:
             for k, arch in enumerate(target.archs):
                 if not (arch.startswith("sm_") and arch[3:].rstrip("a").isdigit()):
                     raise SpecError("", f"{where}.archs[{k}]", f"'{arch}' is not a CUDA arch such as 'sm_90'")
+                if target.archs.index(arch) != k:
+                    raise SpecError("", f"{where}.archs[{k}]", f"'{arch}' is listed twice")
 
 
-def _validate_flags(flags: Flags, targets: list[Target]) -> None:
-    cuda = any(t.device == "cuda" for t in targets)
+def _validate_flags(spec: ProjectSpec) -> None:
+    flags = spec.flags
+    cuda = next((t for t in spec.target if t.device == "cuda"), None)
     if flags.split < 1:
         raise SpecError("", "flags.split", f"split must be at least 1, got {flags.split}")
     for name in ("tma", "cuda_graphs"):
-        if getattr(flags, name):
-            if not cuda:
-                raise SpecError("", f"flags.{name}", f"{name} applies to cuda targets only")
-            raise SpecError("", f"flags.{name}", f"{name} awaits the CUDA target issue")
+        if getattr(flags, name) and cuda is None:
+            raise SpecError("", f"flags.{name}", f"{name} applies to cuda targets only; add a [[target]] with device = \"cuda\"")
+    if flags.tma:
+        without = [a for a in cuda.archs if arch_number(a) < 90]  # type: ignore[union-attr]
+        if without:
+            raise SpecError("", "flags.tma", f"TMA needs Hopper or newer (sm_90+); the cuda target lists {', '.join(without)}")
+    if flags.cuda_graphs:
+        for i, graph in enumerate(spec.graph):
+            if graph.dims:
+                raise SpecError("", "flags.cuda_graphs",
+                                f"CUDA graphs replay one static shape; graph[{i}] '{graph.name}' has dynamic dims ({', '.join(graph.dims)})")
+
+
+def arch_number(arch: str) -> int:
+    """90 for 'sm_90' and 'sm_90a'."""
+    return int(arch[3:].rstrip("a"))
 
 
 def _identifier(name: str, where: str) -> None:

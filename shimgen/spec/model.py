@@ -88,7 +88,12 @@ class Target:
         "'default' is baseline x86-64 (portable). Default: native.",
         default=None,
     )
-    archs: list[str] = doc("CUDA only: GPU architectures such as 'sm_90'.", default_factory=list)
+    archs: list[str] = doc(
+        "CUDA only: GPU architectures such as 'sm_90'. Each Triton kernel is embedded as a cubin for every "
+        "listed arch plus its PTX, which newer GPUs compile when loading. Checked against what the installed "
+        "nvcc can target.",
+        default_factory=list,
+    )
 
 
 @dataclass
@@ -111,8 +116,17 @@ class Flags:
         default=True,
     )
     max_autotune: bool = doc("Let Inductor benchmark kernel choices (GEMM templates) at build time.", default=False)
-    tma: bool = doc("CUDA only: Hopper TMA descriptors (awaits the CUDA target issue).", default=False)
-    cuda_graphs: bool = doc("CUDA only: capture and replay inside the shim (awaits the CUDA target issue).", default=False)
+    tma: bool = doc(
+        "CUDA only, sm_90 and newer: every GEMM runs Inductor's persistent TMA matmul template (tiles load "
+        "through TMA descriptors), autotuned among its configs. A GEMM TMA cannot take (sizes not 16-byte "
+        "aligned) fails the build.",
+        default=False,
+    )
+    cuda_graphs: bool = doc(
+        "CUDA only, static shapes: the binding captures the model into a CUDA graph on the first call and "
+        "replays it on later calls, copying inputs in and outputs out (returned tensors are never reused).",
+        default=False,
+    )
 
 
 @dataclass

@@ -24,19 +24,20 @@ class Prebuilt:
     kernel_pch: Path | None
 
 
-def ensure_prebuilt(tc: Toolchain, inductor_args: list[str], wrapper_opt: str, kernel_opt: str, pch: bool, interface: bytes) -> Prebuilt:
+def ensure_prebuilt(tc: Toolchain, device: str, inductor_args: list[str], wrapper_opt: str, kernel_opt: str, pch: bool,
+                    interface: bytes) -> Prebuilt:
     from ..build import meson_setup_args
     from ..render import TEMPLATES, render_prebuilt
 
     templates = sorted((TEMPLATES / "prebuilt").iterdir())
-    key = hashlib.sha256(json.dumps([tc.key, inductor_args, wrapper_opt, kernel_opt, pch, [p.read_text() for p in templates]]).encode()
+    key = hashlib.sha256(json.dumps([tc.key, device, inductor_args, wrapper_opt, kernel_opt, pch, [p.read_text() for p in templates]]).encode()
                          + interface).hexdigest()[:16]
     root = cache_dir().parent / "prebuilt" / key
     if not (root / "done").is_file():
         root.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=root.parent))
         source, build = staging / "src", staging / "build"
-        render_prebuilt(tc, inductor_args, wrapper_opt, kernel_opt, pch, interface, source)
+        render_prebuilt(tc, device, inductor_args, wrapper_opt, kernel_opt, pch, interface, source)
         build.mkdir()
         (build / "meson-python-native-file.ini").write_text(f"\n[binaries]\npython = '{tc.python}'\n")
         for cmd in ([*tc.meson, "setup", *meson_setup_args(source, build)], [tc.ninja, "-C", str(build)]):

@@ -1,0 +1,91 @@
+// shimgen runtime, flags.cuda_graphs: the model captured into a CUDA graph on its first call, then
+// replayed. Inputs are copied into the captured (static) input buffers and outputs copied out of
+// the captured ones, so a returned tensor is never overwritten by a later call.
+//
+// Only bindings built with cuda_graphs include this: ATen's CUDA graph headers cost compile time.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace shimgen {
+
+class CapturedModel {
+ public:
+  // run(inputs, outputs, stream): one model run on `stream`, AOTInductor's handle conventions.
+  template <class Run>
+  std::string call(const at::TensorBase* const* inputs, size_t num_inputs, at::Tensor* outputs, size_t num_outputs,
+                   c10::DeviceIndex device, Run run) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      c10::cuda::CUDAGuard device_guard(device);
+      c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
+      if (!graph_) {
+        std::string error = capture(inputs, num_inputs, num_outputs, device, current, run);
+        if (!error.empty()) return error;
+      } else {
+        for (size_t i = 0; i < num_inputs; ++i) static_inputs_[i].copy_(at::Tensor(*inputs[i]), /*non_blocking=*/true);
+      }
+      graph_->replay();
+      for (size_t i = 0; i < num_outputs; ++i) outputs[i] = static_outputs_[i].clone();
+      return {};
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  }
+
+ private:
+  template <class Run>
+  std::string capture(const at::TensorBase* const* inputs, size_t num_inputs, size_t num_outputs, c10::DeviceIndex device,
+                      c10::cuda::CUDAStream current, Run run) {
+    current.synchronize();
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+    c10::cuda::CUDAStreamGuard stream_guard(side);
+    for (size_t i = 0; i < num_inputs; ++i) static_inputs_.push_back(at::Tensor(*inputs[i]).clone());
+    // An uncaptured run first: it loads the kernels, which must not happen during capture.
+    std::vector<at::Tensor> warmup(num_outputs);
+    std::string error = run_once(num_outputs, side, warmup.data(), run);
+    side.synchronize();
+    if (!error.empty()) return error;
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    // Relaxed: AOTInductor's container queries its own events while picking a model instance.
+    graph->capture_begin({0, 0}, cudaStreamCaptureModeRelaxed);
+    static_outputs_.resize(num_outputs);
+    error = run_once(num_outputs, side, static_outputs_.data(), run);
+    graph->capture_end();
+    side.synchronize();
+    if (!error.empty()) return error;
+    graph_ = std::move(graph);
+    return {};
+  }
+
+  template <class Run>
+  std::string run_once(size_t num_outputs, c10::cuda::CUDAStream stream, at::Tensor* outputs, Run run) {
+    std::vector<AtenTensorHandle> in(static_inputs_.size()), out(num_outputs, nullptr);
+    for (size_t i = 0; i < in.size(); ++i) {
+      aoti_torch_new_tensor_handle(reinterpret_cast<AtenTensorHandle>(&static_inputs_[i]), &in[i]);
+    }
+    std::string error = run(in.data(), out.data(), static_cast<void*>(stream.stream()));
+    for (size_t i = 0; i < num_outputs; ++i) {
+      if (!out[i]) continue;
+      if (error.empty()) outputs[i] = std::move(*reinterpret_cast<at::Tensor*>(out[i]));
+      aoti_torch_delete_tensor_object(out[i]);
+    }
+    return error;
+  }
+
+  std::mutex mutex_;
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;
+  std::vector<at::Tensor> static_inputs_;
+  std::vector<at::Tensor> static_outputs_;
+};
+
+}  // namespace shimgen

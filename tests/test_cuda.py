@@ -1,0 +1,183 @@
+"""CUDA targets, on a machine with a GPU: embedded Triton kernels, one package for cpu and cuda,
+CUDA graphs inside the shim, TMA, and bad inputs. CI has no GPU; these run on the GPU machine and
+what they printed is committed under benchmarks/results/."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import build_json, shimgen
+
+from shimgen.entry import load_model, make_inputs
+from shimgen.spec import load_spec
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of torch (CI has neither)"),
+]
+
+
+def load_package(summary: dict[str, Any]) -> Any:
+    sys.path.insert(0, summary["package_dir"])
+    try:
+        return __import__(summary["name"])
+    finally:
+        sys.path.remove(summary["package_dir"])
+
+
+def eager(spec: Path, index: int, device: str, sizes: dict[str, int] | None = None, seed: int = 3) -> tuple[Any, list[torch.Tensor]]:
+    graph = load_spec(spec).graph[index]
+    model = load_model(graph, f"graph[{index}]", spec.parent)
+    if isinstance(model, torch.nn.Module):
+        model = model.to(device)
+    inputs = [t.to(device) for t in make_inputs(graph, {**{n: d.example for n, d in graph.dims.items()}, **(sizes or {})}, seed)]
+    return model, inputs
+
+
+def fatbins(summary: dict[str, Any]) -> list[Path]:
+    return sorted((Path(summary["package_dir"]).parent / "meson").glob("*.fatbin"))
+
+
+def cuobjdump(*args: str | Path) -> str:
+    tool = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
+    return subprocess.run([tool, *map(str, args)], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def built_gpu(workdir: Path) -> dict[str, Any]:
+    return build_json(workdir / "projects" / "gpu.toml", workdir)
+
+
+@pytest.fixture(scope="module")
+def built_graphs(workdir: Path) -> dict[str, Any]:
+    return build_json(workdir / "projects" / "gpu_graphs.toml", workdir)
+
+
+def test_check_against_eager_on_cpu_and_cuda(built_gpu: dict[str, Any], workdir: Path) -> None:
+    result = shimgen("check", workdir / "projects" / "gpu.toml", "--out", workdir, "--json")
+    assert result.returncode == 0, result.stderr
+    cases = {row["case"].split(":")[0] for row in json.loads(result.stdout)["comparisons"]}
+    assert cases == {"cpu", "cuda"}
+    print(result.stderr)
+
+
+def test_one_package_dispatches_on_device(built_gpu: dict[str, Any], workdir: Path) -> None:
+    gpu = load_package(built_gpu)
+    for device in ("cpu", "cuda"):
+        model, (x,) = eager(workdir / "projects" / "gpu.toml", 0, device, {"batch": 9})
+        out = gpu.mlp(x)
+        assert out.device == x.device
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match=r"input 'x' is on meta; this package was built for cpu-native and cuda-sm_90"):
+        gpu.mlp(torch.empty(4, 32, device="meta"))
+
+
+def test_kernels_are_embedded_and_their_sources_shipped(built_gpu: dict[str, Any]) -> None:
+    package = Path(built_gpu["package_dir"]) / "gpu"
+    sources = sorted((package / "kernels" / "mlp_cuda").glob("*.py"))
+    ptx = sorted((package / "kernels" / "mlp_cuda").glob("*.ptx"))
+    assert sources and len(ptx) == len(sources)
+    assert all("@triton.jit" in s.read_text() for s in sources)
+    for so in package.glob("_*_cuda*.so"):
+        assert not re.search(rb"/[\w./-]+\.cubin", so.read_bytes()), f"{so.name} names a kernel file to load"
+    listing = cuobjdump("--list-elf", "--list-ptx", fatbins(built_gpu)[0])
+    assert re.search(r"sm_90a?\.cubin", listing) and ".ptx" in listing, listing
+
+
+def test_wheel_runs_in_fresh_venv_without_build_machine_files(built_gpu: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # This machine has no package index: the environment gets torch by path, the wheel by pip.
+    Path(site, "torch_from_base.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", built_gpu["wheel"]], check=True)
+    model, (x,) = eager(workdir / "projects" / "gpu.toml", 0, "cuda", {"batch": 5})
+    torch.save({"x": x.cpu(), "expected": model(x).cpu()}, tmp_path / "case.pt")
+    script = """
+import sys, torch, gpu
+case = torch.load(sys.argv[1])
+torch.testing.assert_close(gpu.mlp(case["x"].cuda()).cpu(), case["expected"], rtol=1e-4, atol=1e-4)
+assert "shimgen" not in sys.modules
+print("ok", gpu.__file__)
+"""
+    hidden = [p for p in Path("/tmp").glob("torchinductor_*") if p.is_dir()]
+    for p in hidden:
+        p.rename(p.with_name(p.name + ".hidden"))
+    build_dir = Path(built_gpu["package_dir"]).parent
+    build_dir.rename(build_dir.with_name("gpu.hidden"))
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        run = subprocess.run([str(python), "-c", script, str(tmp_path / "case.pt")], capture_output=True, text=True, cwd=tmp_path,
+                             env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-cache")})
+    finally:
+        build_dir.with_name("gpu.hidden").rename(build_dir)
+        for p in hidden:
+            p.with_name(p.name + ".hidden").rename(p)
+    assert run.returncode == 0, run.stderr
+    assert str(env_dir) in run.stdout
+
+
+def test_bad_cuda_inputs(built_graphs: dict[str, Any]) -> None:
+    pkg = load_package(built_graphs)
+    x = torch.randn(4, 32, device="cuda")
+    with pytest.raises(ValueError, match=r"input 'x' is on cpu; this package was built for cuda-sm_90"):
+        pkg.mlp(x.cpu())
+    with pytest.raises(TypeError, match=r"input 'x' has dtype torch.float16, expected torch.float32"):
+        pkg.mlp(x.half())
+    with pytest.raises(ValueError, match=r"input 'scale' is on cpu"):
+        pkg.heads(x, scale=torch.ones(32))
+    pkg.mlp(x)
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU here: a tensor on another GPU index needs two")
+    with pytest.raises(ValueError, match=r"inputs are on cuda:1, but this callable's model was loaded on cuda:0"):
+        pkg.mlp(x.to("cuda:1"))
+    with pytest.raises(ValueError, match=r"input 'scale' is on cuda:1 but input 'x' is on cuda:0"):
+        pkg.heads(x, scale=torch.ones(32, device="cuda:1"))
+
+
+def test_cuda_graphs_replay_with_fresh_outputs(built_graphs: dict[str, Any], workdir: Path) -> None:
+    pkg = load_package(built_graphs)
+    spec = workdir / "projects" / "gpu_graphs.toml"
+    model, _ = eager(spec, 0, "cuda")
+    xs = [torch.randn(4, 32, device="cuda") for _ in range(3)]
+    outs = [pkg.mlp(x) for x in xs]
+    torch.cuda.synchronize()
+    for x, out in zip(xs, outs):  # each call's result survives the later replays
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    assert len({o.data_ptr() for o in outs}) == len(outs)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        on_stream = pkg.mlp(xs[0])
+    stream.synchronize()
+    torch.testing.assert_close(on_stream, model(xs[0]), rtol=1e-4, atol=1e-4)
+    heads, (hx, scale) = eager(spec, 1, "cuda")
+    torch.testing.assert_close(pkg.heads(hx, scale=scale), heads(hx, scale=scale), rtol=1e-4, atol=1e-4)
+
+
+def test_tma_kernels_use_tensor_memory_copies(workdir: Path, tmp_path: Path) -> None:
+    spec = workdir / "projects" / "tma.toml"
+    with_tma = build_json(spec, workdir)
+    assert with_tma["compiled_units"]["done"] > 0
+    result = shimgen("check", spec, "--out", workdir)
+    assert result.returncode == 0, result.stderr
+    sass = "".join(cuobjdump("--dump-sass", f) for f in fatbins(with_tma))
+    assert "UTMALDG" in sass, "no TMA load in the built kernels"
+    plain = tmp_path / "projects"
+    shutil.copytree(spec.parent, plain)
+    (plain / "tma.toml").write_text(spec.read_text().replace("tma = true", "tma = false"))
+    without = build_json(plain / "tma.toml", tmp_path)
+    assert "UTMALDG" not in "".join(cuobjdump("--dump-sass", f) for f in fatbins(without))
+    print(f"TMA: {sass.count('UTMALDG')} UTMALDG instructions in {len(fatbins(with_tma))} kernels; none without flags.tma")
