@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import tempfile
 import textwrap
 import zipfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -89,7 +90,8 @@ def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path
         try:
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
-            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=flags.onednn), _quiet_autotuning():
+            private = _private_inductor_cache(Path(tmp)) if target.device == "cuda" else nullcontext()
+            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=flags.onednn), _quiet_autotuning(), private:
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
                 )
@@ -117,6 +119,27 @@ def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> Non
     (out_dir / "triton").mkdir()
     for name, source in TRITON_SOURCE.findall(model):
         (out_dir / "triton" / f"{name}.py").write_text(textwrap.dedent(source))
+
+
+@contextmanager
+def _private_inductor_cache(tmp: Path) -> Iterator[None]:
+    """AOTInductor writes each CUDA kernel's PTX as <kernel name>.ptx into a cache directory keyed by the
+    graph's Python code, which ignores shapes, and never overwrites a file there: a graph traced again with
+    other shapes (a static and a dynamic batch, say) would package the other's kernels. So CUDA codegen
+    gets a fresh Inductor cache; Triton's compile cache stays shared."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    os.environ["TRITON_CACHE_DIR"] = saved["TRITON_CACHE_DIR"] or os.path.join(cache_dir(), "triton", "0")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor")
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager

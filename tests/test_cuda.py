@@ -181,3 +181,18 @@ def test_tma_kernels_use_tensor_memory_copies(workdir: Path, tmp_path: Path) -> 
     without = build_json(plain / "tma.toml", tmp_path)
     assert "UTMALDG" not in "".join(cuobjdump("--dump-sass", f) for f in fatbins(without))
     print(f"TMA: {sass.count('UTMALDG')} UTMALDG instructions in {len(fatbins(with_tma))} kernels; none without flags.tma")
+
+
+def test_static_then_dynamic_build_embeds_its_own_kernels(workdir: Path, tmp_path: Path) -> None:
+    """The same model traced with a static and then a dynamic batch: Inductor names their kernels alike."""
+    projects = tmp_path / "projects"
+    shutil.copytree(workdir / "projects" / "models", projects / "models")
+    text = (workdir / "projects" / "gpu.toml").read_text()
+    (projects / "dyn.toml").write_text(text.replace('name = "gpu"', 'name = "dyn"'))
+    static = text.replace('name = "gpu"', 'name = "stat"').replace('shape = ["batch", 32] }]\ndims = { batch = { min = 1, max = 64, example = 4 } }', "shape = [4, 32] }]")
+    assert static.count("shape = [4, 32]") == 1
+    (projects / "stat.toml").write_text(static)
+    build_json(projects / "stat.toml", tmp_path)
+    dyn = load_package(build_json(projects / "dyn.toml", tmp_path))
+    model, (x,) = eager(projects / "dyn.toml", 0, "cuda", {"batch": 9})
+    torch.testing.assert_close(dyn.mlp(x), model(x), rtol=1e-4, atol=1e-4)
