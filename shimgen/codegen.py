@@ -204,7 +204,7 @@ def _compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str
     args = [f"-{c}" for c in flags_json["cflags"] if not drop.match(c)]
     if target.device == "cuda":
         # The host side of a CUDA graph is glue code: baseline x86-64, portable like the fatbins.
-        args += [f"-I{d}" for d in flags_json["include_dirs"] if "torch/include" not in d and "python" not in d]  # CUDA's
+        args += [f"-I{d}" for d in flags_json["include_dirs"] if "torch/include" not in d and "python" not in d]  # CUDA's headers
         return [d for d in defines if not d.startswith("CPU_CAPABILITY")], args
     if target.isa == "native":
         args.append("-march=native")

@@ -159,9 +159,9 @@ def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
                 cuda = detect_cuda()
                 check_archs(cuda, target, f"target[{i}]")
                 torch_cuda_version()
+            except SpecError:
+                raise
             except UserError as exc:
-                if isinstance(exc, SpecError):
-                    raise
                 raise SpecError("", f"target[{i}]", str(exc)) from None
             return cuda
     return None

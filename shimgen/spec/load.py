@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import SpecError
-from .model import Flags, Graph, ProjectSpec, Target
+from .model import Graph, ProjectSpec, Target
 
 if sys.version_info >= (3, 11):
     import tomllib
