@@ -187,6 +187,10 @@ def _trace_and_codegen(
     trace_meta = trace_dir / f"{name}.json"
     import torch
 
+    if target.device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("", f"target[{spec.target.index(target)}]",
+                        "building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); torch sees none")
+
     if record.get("trace_key") == trace_key and program_file.is_file() and trace_meta.is_file():
         result.skipped.append(f"trace:{name}")
         program = torch.export.load(str(program_file))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from shimgen.cli import main
-from shimgen.toolchain.cuda import detect_cuda
+from shimgen.toolchain.cuda import CudaToolchain, detect_cuda
 
 GOOD_GRAPH = """
 [[graph]]
@@ -111,3 +111,15 @@ def test_cuda_target_with_cpu_torch(tmp_path: Path, workdir: Path, capsys: pytes
     message = _build_error(workdir, tmp_path, capsys, CUDA_SPEC.replace("ARCH", "sm_90"))
     torch_dir = Path(torch.__file__).parent
     assert message == f"target[1]: the installed torch at {torch_dir} has no CUDA support; cuda targets need a CUDA build of torch"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_cuda_build_without_gpu(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUDA build of torch and nvcc, but no GPU (a CPU-only CI runner, say): stands in for both."""
+    import shimgen.pipeline
+
+    monkeypatch.setattr(shimgen.pipeline, "detect_cuda", lambda: CudaToolchain("/usr/bin/nvcc", "13.0", ("sm_90",)))
+    monkeypatch.setattr(shimgen.pipeline, "torch_cuda_version", lambda: "13.0")
+    message = _build_error(workdir, tmp_path, capsys, PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n')
+    assert message == ("target[0]: building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); "
+                       "torch sees none")
