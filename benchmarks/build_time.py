@@ -20,8 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SHIMGEN = [sys.executable, "-m", "shimgen"]
+from common import REPO, Report, run, shimgen_build
 
 AOTI_SCRIPT = """
 import sys, time, torch
@@ -52,21 +51,8 @@ print(sorted(times)[len(times) // 2] * 1e3)
 """
 
 
-def run(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, str]:
-    start = time.perf_counter()
-    result = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(f"{shlex.join(cmd)} failed:\n{result.stderr[-3000:]}")
-    return time.perf_counter() - start, result.stdout
-
-
 def fresh_env(tmp: Path, tag: str, shimgen_cache: Path) -> dict[str, str]:
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{tag}"), "SHIMGEN_CACHE_DIR": str(shimgen_cache / "toolchain")}
-
-
-def shimgen_build(spec: Path, out: Path, env: dict[str, str], *extra: str) -> tuple[float, dict]:
-    seconds, stdout = run([*SHIMGEN, "build", str(spec), "--out", str(out), "--json", *extra], env, cwd=REPO)
-    return seconds, json.loads(stdout)
 
 
 def spec_variant(tmp: Path, name: str, flags: str) -> Path:
@@ -104,12 +90,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="shimgen-bench-"))
-    lines: list[str] = []
+    report = Report()
     results: dict[str, float] = {}
-
-    def report(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
 
     import torch
 
@@ -188,8 +170,7 @@ def main() -> None:
     report(f"| C++ compile shimgen / monolithic -O3 TU | {results['compile_ratio']:.2f} | |")
     report(f"| no-op rebuild | {results['noop_seconds']:.2f}s | <= 1 s |")
     report(f"| one graph of three changed / full build | {results['one_graph_ratio']:.2f} | <= 0.4 |")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "build_time.md").write_text("\n".join(lines) + "\n")
+    report.save(args.out / "build_time.md")
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -10,7 +10,6 @@ microseconds per call (median of repeated timing blocks) and each contender's ra
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -23,7 +22,7 @@ from typing import Any, Callable
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, Report, import_built, shimgen_build
 sys.path.insert(0, str(REPO / "projects"))
 
 from models.mlp import mlp  # noqa: E402
@@ -61,19 +60,6 @@ def per_call_us(fn: Callable[[], Any], calls: int, blocks: int = 7) -> float:
     return statistics.median(samples)
 
 
-def build_shimgen(spec: Path, out: Path) -> dict[str, Any]:
-    result = subprocess.run([sys.executable, "-m", "shimgen", "build", str(spec), "--out", str(out), "--json"],
-                            cwd=REPO, capture_output=True, text=True)
-    if result.returncode != 0:
-        sys.exit(result.stderr)
-    return json.loads(result.stdout)
-
-
-def import_shimgen(summary: dict[str, Any]) -> Any:
-    sys.path.insert(0, summary["package_dir"])
-    return __import__(summary["name"])
-
-
 def contenders(model: torch.nn.Module, x: torch.Tensor, dynamic: dict, shims: dict[str, Callable], tmp: Path, tag: str) -> dict[str, Callable[[], Any]]:
     with torch.no_grad():
         example = x.expand(4, *x.shape[1:]).contiguous()  # export specializes a size-1 example
@@ -101,31 +87,27 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="shimgen-calls-"))
-    lines: list[str] = []
-
-    def report(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
+    report = Report()
 
     report(f"# call_overhead.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} cores, "
            f"torch {torch.__version__}, python {platform.python_version()}")
-    mlp_build = build_shimgen(REPO / "projects" / "mlp.toml", tmp)
+    mlp_build = shimgen_build(REPO / "projects" / "mlp.toml", tmp)[1]
     # The same MLP with oneDNN on: the kernels AOTI picks, to separate kernel choice from call cost.
     onednn_spec = REPO / "projects" / "_bench_mlp_onednn.toml"
     onednn_spec.write_text((REPO / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_onednn"').replace("onednn = false", "onednn = true"))
     try:
-        mlp_onednn_build = build_shimgen(onednn_spec, tmp)
+        mlp_onednn_build = shimgen_build(onednn_spec, tmp)[1]
     finally:
         onednn_spec.unlink()
-    resnet_build = build_shimgen(REPO / "projects" / "resnet.toml", tmp)
+    resnet_build = shimgen_build(REPO / "projects" / "resnet.toml", tmp)[1]
     figures: dict[str, dict[str, float]] = {}
     torch.manual_seed(0)
     cases = [
         ("tiny MLP, batch 4, 1 thread", 1, mlp(32, 8).eval(), torch.randn(4, 32),
-         {"shimgen, onednn = true (the kernels AOTI uses)": import_shimgen(mlp_onednn_build).forward,
-          "shimgen": import_shimgen(mlp_build).forward}, 2000, "mlp"),
+         {"shimgen, onednn = true (the kernels AOTI uses)": import_built(mlp_onednn_build).forward,
+          "shimgen": import_built(mlp_build).forward}, 2000, "mlp"),
         (f"ResNet-18, batch 1, {os.cpu_count()} threads", os.cpu_count(), None, torch.randn(1, 3, 224, 224),
-         {"shimgen": import_shimgen(resnet_build).forward}, 20, "resnet"),
+         {"shimgen": import_built(resnet_build).forward}, 20, "resnet"),
     ]
     batch = torch.export.Dim("batch", min=1, max=64)
     for title, threads, model, x, shims, calls, tag in cases:
@@ -153,8 +135,7 @@ def main() -> None:
     report(f"| ResNet-18 shimgen / AOTI (freezing) <= 0.95 | {res_f['shimgen'] / res_f['AOTI loader.run']:.2f} |")
     report(f"| ResNet-18 shimgen / eager <= 0.6 | {res_f['shimgen'] / res_f['eager']:.2f} |")
     report(f"| import + first call <= 0.3 s | {statistics.median(shim_import):.3f} s |")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "call_overhead.md").write_text("\n".join(lines) + "\n")
+    report.save(args.out / "call_overhead.md")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ own subprocess with fresh Inductor and Triton caches.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -28,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, Report, import_built, shimgen_build
 sys.path.insert(0, str(REPO / "projects"))
 
 from models.mlp import mlp  # noqa: E402
@@ -93,20 +92,6 @@ def write_specs(root: Path) -> dict[str, Path]:
     return specs
 
 
-def shimgen_build(spec: Path, out: Path, env: dict[str, str] | None = None) -> tuple[float, dict[str, Any]]:
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "shimgen", "build", str(spec), "--out", str(out), "--json"],
-                            cwd=REPO, capture_output=True, text=True, env=env)
-    if result.returncode != 0:
-        sys.exit(result.stderr[-4000:])
-    return time.perf_counter() - start, json.loads(result.stdout)
-
-
-def import_forward(summary: dict[str, Any]) -> Callable[..., Any]:
-    sys.path.insert(0, summary["package_dir"])
-    return __import__(summary["name"]).forward
-
-
 def per_call_us(fn: Callable[[], Any], calls: int, blocks: int = 7) -> float:
     for _ in range(max(5, calls // 10)):
         fn()
@@ -156,9 +141,9 @@ def calls_part(tmp: Path, report: Callable[[str], None]) -> dict[str, dict[str, 
         torch.manual_seed(0)  # as shimgen builds the spec's model (graph seed 0)
         model, x = make_model().eval().cuda(), torch.randn(shape).cuda()
         with torch.no_grad():
-            shims = {"shimgen": import_forward(built[f"bench_{tag}"]), "shimgen cuda_graphs": import_forward(built[f"bench_{tag}_graphs"])}
+            shims = {"shimgen": import_built(built[f"bench_{tag}"]).forward, "shimgen cuda_graphs": import_built(built[f"bench_{tag}_graphs"]).forward}
             if f"bench_{tag}_autotune" in built:
-                shims["shimgen max_autotune"] = import_forward(built[f"bench_{tag}_autotune"])
+                shims["shimgen max_autotune"] = import_built(built[f"bench_{tag}_autotune"]).forward
             runs = contenders(model, x, shims, tmp, tag)
             want = model(x)
             for name, fn in runs.items():
@@ -205,11 +190,7 @@ def main() -> None:
     parser.add_argument("--part", choices=("calls", "build", "all"), default="all")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="shimgen-gpu-"))
-    lines: list[str] = []
-
-    def report(text: str) -> None:
-        print(text, flush=True)
-        lines.append(text)
+    report = Report()
 
     if Path("/usr/bin/g++").exists():
         # Inductor's own C++ builds (cpp_wrapper, AOTI): the GPU image's default g++ makes libraries that
@@ -222,9 +203,8 @@ def main() -> None:
         calls_part(tmp, report)
     if args.part in ("build", "all"):
         build_part(tmp, report)
-    args.out.mkdir(parents=True, exist_ok=True)
     name = "gpu_" + gpu.replace("NVIDIA ", "").replace(" ", "_").lower() + ("" if args.part == "all" else f"_{args.part}")
-    (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
+    report.save(args.out / f"{name}.md")
 
 
 if __name__ == "__main__":

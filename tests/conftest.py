@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -39,6 +40,15 @@ def build_json(spec: Path, out: Path) -> dict[str, Any]:
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     return json.loads(result.stdout)
+
+
+def import_package(summary: dict[str, Any]) -> Any:
+    """A built package, imported from its site directory (sys.path is left as it was)."""
+    sys.path.insert(0, summary["package_dir"])
+    try:
+        return importlib.import_module(summary["name"])
+    finally:
+        sys.path.remove(summary["package_dir"])
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -15,20 +14,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, build_json, shimgen
+from conftest import REPO, build_json, import_package, shimgen
 
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
 
 pytestmark = pytest.mark.slow
-
-
-def import_built(summary: dict[str, Any]) -> Any:
-    sys.path.insert(0, summary["package_dir"])
-    try:
-        return importlib.import_module(summary["name"])
-    finally:
-        sys.path.remove(summary["package_dir"])
 
 
 def eager_and_inputs(spec_path: Path, graph_index: int, sizes: dict[str, int], seed: int = 7) -> tuple[Any, Any, list[torch.Tensor]]:
@@ -48,7 +39,7 @@ def test_build_summary(built_mlp: dict[str, Any], workdir: Path) -> None:
 
 
 def test_mlp_matches_eager(built_mlp: dict[str, Any], workdir: Path) -> None:
-    mlp = import_built(built_mlp)
+    mlp = import_package(built_mlp)
     for batch in (1, 5, 64):
         graph, model, inputs = eager_and_inputs(workdir / "projects" / "mlp.toml", 0, {"batch": batch})
         with torch.no_grad():
@@ -56,7 +47,7 @@ def test_mlp_matches_eager(built_mlp: dict[str, Any], workdir: Path) -> None:
 
 
 def test_two_graphs_keep_structure(built_multi: dict[str, Any], workdir: Path) -> None:
-    multi = import_built(built_multi)
+    multi = import_package(built_multi)
     spec_path = workdir / "projects" / "multi.toml"
     graph, model, (x, scale) = eager_and_inputs(spec_path, 0, {"batch": 3})
     with torch.no_grad():
@@ -72,7 +63,7 @@ def test_two_graphs_keep_structure(built_multi: dict[str, Any], workdir: Path) -
 
 
 def test_docstrings_list_inputs(built_multi: dict[str, Any]) -> None:
-    multi = import_built(built_multi)
+    multi = import_package(built_multi)
     doc = multi.heads.__doc__
     assert doc.startswith("heads(x, *, scale)")
     assert "x: float32[batch, 32]" in doc and "scale: float32[32]" in doc and "batch: 1..16" in doc
@@ -187,7 +178,7 @@ def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
     commands = json.loads((workdir / "build" / "mlp_portable" / "meson" / "compile_commands.json").read_text())
     assert commands and all("-march=native" not in c["command"] and "-march=x86-64 " in c["command"] + " " for c in commands)
     assert not any("CPU_CAPABILITY_AVX" in c["command"] for c in commands)
-    package = import_built(summary)
+    package = import_package(summary)
     graph, model, (x,) = eager_and_inputs(spec, 0, {"batch": 9})
     with torch.no_grad():
         torch.testing.assert_close(package.forward(x), model(x), rtol=1e-5, atol=1e-5)

@@ -9,14 +9,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import venv
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, shimgen
+from conftest import build_json, import_package, shimgen
 
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
@@ -26,14 +25,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of torch (CI has neither)"),
 ]
-
-
-def load_package(summary: dict[str, Any]) -> Any:
-    sys.path.insert(0, summary["package_dir"])
-    try:
-        return __import__(summary["name"])
-    finally:
-        sys.path.remove(summary["package_dir"])
 
 
 def eager(spec: Path, index: int, device: str, sizes: dict[str, int] | None = None, seed: int = 3) -> tuple[Any, list[torch.Tensor]]:
@@ -73,7 +64,7 @@ def test_check_against_eager_on_cpu_and_cuda(built_gpu: dict[str, Any], workdir:
 
 
 def test_one_package_dispatches_on_device(built_gpu: dict[str, Any], workdir: Path) -> None:
-    gpu = load_package(built_gpu)
+    gpu = import_package(built_gpu)
     for device in ("cpu", "cuda"):
         model, (x,) = eager(workdir / "projects" / "gpu.toml", 0, device, {"batch": 9})
         out = gpu.mlp(x)
@@ -131,7 +122,7 @@ print("ok", gpu.__file__)
 
 
 def test_bad_cuda_inputs(built_graphs: dict[str, Any]) -> None:
-    pkg = load_package(built_graphs)
+    pkg = import_package(built_graphs)
     x = torch.randn(4, 32, device="cuda")
     with pytest.raises(ValueError, match=r"input 'x' is on cpu; this package was built for cuda-sm_90"):
         pkg.mlp(x.cpu())
@@ -149,7 +140,7 @@ def test_bad_cuda_inputs(built_graphs: dict[str, Any]) -> None:
 
 
 def test_cuda_graphs_replay_with_fresh_outputs(built_graphs: dict[str, Any], workdir: Path) -> None:
-    pkg = load_package(built_graphs)
+    pkg = import_package(built_graphs)
     spec = workdir / "projects" / "gpu_graphs.toml"
     model, _ = eager(spec, 0, "cuda")
     xs = [torch.randn(4, 32, device="cuda") for _ in range(3)]
@@ -193,6 +184,6 @@ def test_static_then_dynamic_build_embeds_its_own_kernels(workdir: Path, tmp_pat
     assert static.count("shape = [4, 32]") == 1
     (projects / "stat.toml").write_text(static)
     build_json(projects / "stat.toml", tmp_path)
-    dyn = load_package(build_json(projects / "dyn.toml", tmp_path))
+    dyn = import_package(build_json(projects / "dyn.toml", tmp_path))
     model, (x,) = eager(projects / "dyn.toml", 0, "cuda", {"batch": 9})
     torch.testing.assert_close(dyn.mlp(x), model(x), rtol=1e-4, atol=1e-4)

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import import_package
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_build import import_built
 
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import Graph, load_spec
@@ -29,7 +29,7 @@ def packages(built_mlp: dict[str, Any], built_multi: dict[str, Any], workdir: Pa
     out = []
     for summary, spec_name in ((built_mlp, "mlp.toml"), (built_multi, "multi.toml")):
         spec_path = workdir / "projects" / spec_name
-        package = import_built(summary)
+        package = import_package(summary)
         for i, graph in enumerate(load_spec(spec_path).graph):
             out.append((getattr(package, graph.name), graph, load_model(graph, f"graph[{i}]", spec_path.parent)))
     return out
