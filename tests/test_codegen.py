@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from shimgen.codegen import _private_inductor_cache
+from shimgen.codegen import _private_inductor_cache, inductor_configs
+from shimgen.spec.model import Flags, Target
 
 
 def test_private_inductor_cache_takes_aoti_output_and_is_restored(tmp_path: Path) -> None:
@@ -20,3 +21,14 @@ def test_private_inductor_cache_takes_aoti_output_and_is_restored(tmp_path: Path
                                                  inductor_configs={"aot_inductor.package_cpp_only": True})
     assert list((tmp_path / "inductor").rglob("*.wrapper.cpp"))
     assert {name: os.environ.get(name) for name in before} == before
+
+
+def test_inductor_configs_are_real_settings_and_follow_the_flags() -> None:
+    cuda = Target(device="cuda", archs=["sm_90"])
+    default = inductor_configs(cuda, Flags())
+    assert default["max_autotune_gemm"] and default["max_autotune_conv_backends"] == "ATEN"
+    assert "max_autotune_gemm" not in inductor_configs(cuda, Flags(gemm_autotune=False))
+    assert "max_autotune_gemm" not in inductor_configs(Target(device="cpu", isa="native"), Flags())
+    for target, flags in ((cuda, Flags()), (cuda, Flags(tma=True)), (cuda, Flags(max_autotune=True)), (Target(device="cpu", isa="native"), Flags())):
+        with torch._inductor.config.patch(inductor_configs(target, flags, "g++")):  # a misspelt name raises
+            pass

@@ -115,12 +115,23 @@ class Flags:
         "where MKL GEMM plus a fused kernel wins (8 x Linear 32, batch 4: 14 vs 98 us).",
         default=True,
     )
-    max_autotune: bool = doc("Let Inductor benchmark kernel choices (GEMM templates) at build time.", default=False)
+    max_autotune: bool = doc(
+        "Let Inductor benchmark all its kernel choices at build time: GEMM and convolution templates and "
+        "pointwise kernel configs. Minutes for a ResNet on a GPU.",
+        default=False,
+    )
     tma: bool = doc(
         "CUDA only, sm_90 and newer: every GEMM runs Inductor's persistent TMA matmul template (tiles load "
         "through TMA descriptors), autotuned among its configs. A GEMM TMA cannot take (sizes not 16-byte "
         "aligned) fails the build.",
         default=False,
+    )
+    gemm_autotune: bool = doc(
+        "CUDA only: for every matmul, time Inductor's Triton GEMM templates (with the following pointwise "
+        "ops fused in) against cuBLAS on the build GPU and keep the faster. Convolutions stay on cuDNN. "
+        "Costs seconds per distinct GEMM shape at cold builds, and the measured choice may differ between "
+        "builds. Launch-bound models gain most: one kernel per Linear+ReLU instead of two.",
+        default=True,
     )
     cuda_graphs: bool = doc(
         "CUDA only, static shapes: the binding captures the model into a CUDA graph on the first call and "
