@@ -65,7 +65,7 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     if target.device == "cuda":
         configs["aot_inductor.embed_kernel_binary"] = True
         configs["aot_inductor.emit_multi_arch_kernel"] = True  # PTX, not a cubin for the build GPU alone
-        if flags.gemm_autotune and not flags.max_autotune:
+        if flags.gemm_autotune and not flags.max_autotune:  # max_autotune times convolutions too
             configs.update({"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN"})
         if flags.tma:
             # Autotuning would pick cuBLAS or the plain mm template whenever they time faster; TMA means
