@@ -11,7 +11,7 @@ wheel="$(.venv/bin/python -c 'import json, sys; print(json.loads(sys.argv[1])["w
 .venv/bin/shimgen check projects/resnet.toml
 
 demo_env="$(mktemp -d)/venv"
-python3 -m venv "$demo_env"
+.venv/bin/python -m venv "$demo_env"  # the Python the wheel was built for
 "$demo_env/bin/python" -m pip install -q --disable-pip-version-check "torch==${TORCH_VERSION}"
 "$demo_env/bin/python" -m pip install -q --disable-pip-version-check "$wheel"
 "$demo_env/bin/python" scripts/run_resnet.py

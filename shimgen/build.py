@@ -41,7 +41,7 @@ def compile_project(source: Path, build: Path, tc: Toolchain, launcher: str | No
     # Same content as meson-python writes, so its reconfigure changes nothing.
     write_if_changed(build / "meson-python-native-file.ini", f"\n[binaries]\npython = '{sys.executable}'\n")
     if not (build / "meson-private" / "coredata.dat").is_file():
-        result = subprocess.run([*tc.meson, "setup", *meson_setup_args(source, build)], env=tc.env(launcher), capture_output=True, text=True)
+        result = subprocess.run([tc.meson, "setup", *meson_setup_args(source, build)], env=tc.env(launcher), capture_output=True, text=True)
         if result.returncode != 0:
             raise BuildError("meson setup failed:\n" + _tail(result.stdout + result.stderr, 25))
     return _ninja(build, tc, progress)

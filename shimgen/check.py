@@ -11,6 +11,7 @@ from typing import Any
 
 from .entry import call_model, example_sizes, load_model, make_inputs
 from .spec import Graph, ProjectSpec
+from .trace import describe_type, node_parts
 
 
 @dataclass
@@ -28,14 +29,14 @@ def cases(graph: Graph) -> list[tuple[str, dict[str, int]]]:
     base = example_sizes(graph)
     out = [("example", base)]
     for name, dim in graph.dims.items():
-        for size in dict.fromkeys((dim.min, (dim.min + dim.max) // 2, dim.max)):
+        middle = (dim.min + dim.max) // 2 // dim.multiple_of * dim.multiple_of
+        for size in dict.fromkeys((dim.min, max(dim.min, middle), dim.max)):
             out.append((f"{name}={size}", {**base, name: size}))
     return out
 
 
 def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path) -> list[Comparison]:
     import torch
-    import torch.utils._pytree as pytree
 
     sys.path.insert(0, str(package_dir))
     try:
@@ -55,14 +56,90 @@ def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path) -> list[Compar
             with torch.no_grad():
                 expected = call_model(model, graph, inputs)
                 got = call_model(compiled, graph, inputs)
-            want_leaves, want_spec = pytree.tree_flatten(expected)
-            got_leaves, got_spec = pytree.tree_flatten(got)
-            if want_spec != got_spec:
-                rows.append(Comparison(graph.name, label, f"structure {got_spec} != {want_spec}", float("inf"), float("inf"), False))
+            try:
+                pairs = _tensor_pairs(expected, got, spec_dir)
+            except StructureMismatch as exc:
+                rows.append(Comparison(graph.name, label, f"structure: {exc}", float("inf"), float("inf"), False))
                 continue
-            for path, want, have in zip(_paths(expected), want_leaves, got_leaves):
+            for path, want, have in pairs:
                 rows.append(_compare_tensors(graph, label, path, want, have))
     return rows
+
+
+class StructureMismatch(Exception):
+    """The package's output is not what it promises for eager's: says where and how."""
+
+
+def _tensor_pairs(want: Any, got: Any, spec_dir: Path, path: str = "out") -> list[tuple[str, Any, Any]]:
+    """(path, eager tensor, package tensor) for every tensor of the output, once `got` is shown to be
+    what the package promises for `want`: the same structure, each node of a type of its own either
+    that type or, where the build found the package cannot rebuild it (a type of the project's own,
+    one that cannot be imported or called with its fields), its documented fallback with the same
+    field names in the same order. Anything else raises StructureMismatch."""
+    import torch
+
+    if want is None:
+        if got is not None:
+            raise StructureMismatch(f"{path} is {_kind(got)}, eager returns None")
+        return []
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            raise StructureMismatch(f"{path} is {_kind(got)}, eager returns a tensor")
+        return [(path, want, got)]
+    parts = node_parts(want)
+    if parts is None:
+        raise StructureMismatch(f"{path}: eager returns {_kind(want)}, which the package cannot return")
+    children, names = parts
+    got_children = _matching_children(want, got, children, names, spec_dir, path)
+    pairs = []
+    for k, (child, got_child) in enumerate(zip(children, got_children)):
+        pairs += _tensor_pairs(child, got_child, spec_dir, path + _step(want, k, names))
+    return pairs
+
+
+def _step(node: Any, k: int, names: list[str] | None) -> str:
+    if type(node) is dict:
+        return f"[{list(node)[k]!r}]"
+    return f".{names[k]}" if names and type(node) not in (tuple, list) else f"[{k}]"
+
+
+def _matching_children(want: Any, got: Any, children: list[Any], names: list[str] | None, spec_dir: Path, path: str) -> list[Any]:
+    """`got`'s children, in `want`'s order, where `got` is the node the package promises for `want`."""
+    if type(want) in (tuple, list, dict):
+        expected, fallback = type(want), None
+    else:
+        out_type = describe_type(want, children, names, spec_dir)
+        expected, fallback = (type(want), None) if out_type.construct else (None, out_type.fallback)
+    if expected is not None:
+        if type(got) is not expected:
+            raise StructureMismatch(f"{path} is {_kind(got)}, eager returns {_kind(want)}")
+        got_parts = node_parts(got)
+        assert got_parts is not None
+        got_children, got_names = got_parts
+        if (isinstance(want, dict) and list(got) != list(want)) or got_names != names or len(got_children) != len(children):
+            raise StructureMismatch(f"{path}: {_fields(got, got_children, got_names)}, eager {_fields(want, children, names)}")
+        return got_children
+    if fallback == "namedtuple":
+        ok = isinstance(got, tuple) and type(got).__name__ == type(want).__name__ and list(getattr(got, "_fields", ())) == names
+    elif fallback == "dict":
+        ok = type(got) is dict and list(got) == names
+    else:
+        ok = type(got) is tuple and len(got) == len(children)
+    if not ok:
+        raise StructureMismatch(f"{path} is {_kind(got)}, but for eager's {_kind(want)} ({_fields(want, children, names)}) "
+                                f"the package returns a {fallback} of the same fields")
+    return list(got.values()) if fallback == "dict" else list(got)
+
+
+def _kind(value: Any) -> str:
+    cls = type(value)
+    return "None" if value is None else f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__name__
+
+
+def _fields(value: Any, children: list[Any], names: list[str] | None) -> str:
+    if isinstance(value, dict):
+        return f"keys {list(value)}"
+    return f"fields {names}" if names is not None else f"{len(children)} items"
 
 
 def _compare_tensors(graph: Graph, label: str, path: str, want: Any, have: Any) -> Comparison:
@@ -76,10 +153,3 @@ def _compare_tensors(graph: Graph, label: str, path: str, want: Any, have: Any) 
     max_rel = (diff / b.abs().clamp_min(1e-12)).max().item() if diff.numel() else 0.0
     ok = bool(torch.allclose(a, b, rtol=graph.rtol, atol=graph.atol, equal_nan=True))
     return Comparison(graph.name, label, path, max_abs, max_rel, ok)
-
-
-def _paths(tree: Any) -> list[str]:
-    import torch.utils._pytree as pytree
-
-    leaves = pytree.tree_flatten_with_path(tree)[0]
-    return ["out" + pytree.keystr(p) for p, _ in leaves]

@@ -1,12 +1,16 @@
-"""`shimgen build | check | schema | clean`. User errors print one line and exit 2."""
+"""`shimgen build | check | schema | clean`. User errors print one line and exit 2; a shimgen bug prints
+one paragraph, saves its traceback to a file and exits 3."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from .errors import BuildError, UserError
@@ -16,16 +20,71 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if getattr(args, "out", None) is not None:
+            _check_out(args.out)
         return args.run(args)
     except BuildError as exc:
-        print(f"shimgen: build failed: {exc}", file=sys.stderr)
+        _error(f"shimgen: build failed: {exc}")
         return 1
     except UserError as exc:
-        print(f"shimgen: {exc}", file=sys.stderr)
+        _error(f"shimgen: {exc}")
         return 2
     except KeyboardInterrupt:
         print("shimgen: interrupted; previous outputs are left as they were", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # shimgen's commands never exit: the project's code did, while imported or run
+        _error(_project_exit(exc, getattr(args, "spec", None)))
+        return 2
+    except Exception as exc:
+        _error(_internal_error(exc, argv))
+        return 3
+
+
+def _error(message: str) -> None:
+    """Paths that are not UTF-8 (surrogates in Python) printed as escapes, whatever stream stderr is."""
+    print(message.encode("utf-8", "backslashreplace").decode("utf-8"), file=sys.stderr)
+
+
+def _check_out(out: Path) -> None:
+    """--out must be, or be creatable as, a directory we can write to: say so now, not as an OSError in a stage."""
+    try:
+        str(out.absolute()).encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, kept by Python as surrogates: torch.export.save aborts on them
+        raise UserError(f"--out {out}: the path is not UTF-8 text; choose another output directory") from None
+    existing = next(p for p in (out, *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UserError(f"--out {out}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out}: {existing} is not writable")
+
+
+def _project_exit(exc: SystemExit, spec: Path | None) -> str:
+    """'...called sys.exit(0) (at models/net.py:12)': the innermost frame under the spec's directory."""
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)) if spec is not None else ():
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(spec.parent.resolve()):
+            where = f" (at {path.relative_to(spec.parent.resolve())}:{frame.lineno})"
+            break
+    prefix = f"shimgen: {spec}: " if spec is not None else "shimgen: "
+    return f"{prefix}the project's code called sys.exit({exc.code!r}){where}; a model must not exit the process"
+
+
+def _internal_error(exc: Exception, argv: list[str] | None) -> str:
+    """One paragraph for a shimgen bug; the full traceback goes to a file the report can attach."""
+    lines = str(exc).strip().splitlines() or [""]
+    message = f"{type(exc).__name__}: {lines[0]}" + (" ..." if len(lines) > 1 else "")
+    report = (f"shimgen {' '.join(sys.argv[1:] if argv is None else argv)}\npython {sys.version}\n\n"
+              + "".join(traceback.format_exception(exc)))
+    try:
+        # mkstemp: a new file of our own even in a shared /tmp (no clobbering, no following a planted link)
+        fd, crash = tempfile.mkstemp(prefix=f"shimgen-crash-{os.getpid()}-", suffix=".txt", dir=tempfile.gettempdir())
+        with os.fdopen(fd, "w", errors="backslashreplace") as f:  # argv may hold undecodable bytes
+            f.write(report)
+        saved = f"the full traceback is in {crash}"
+    except OSError as err:
+        saved = f"the traceback could not be saved under {tempfile.gettempdir()} ({err.strerror or err})"
+    return f"shimgen: internal error (a bug in shimgen; please report it): {message}; {saved}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,6 +111,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_clean)
 
     p = sub.add_parser("doctor", help="show what the toolchain found and which compilers the probe proved")
+    p.add_argument("--refresh", action="store_true", help="prove every compiler again instead of reading cached verdicts")
     p.set_defaults(run=_doctor)
 
     p = sub.add_parser("schema", help="print the spec's JSON schema (or a Markdown reference)")
@@ -129,15 +189,19 @@ def _check(args: argparse.Namespace) -> int:
 def _clean(args: argparse.Namespace) -> int:
     from .spec import load_spec
 
+    from .files import exclusive
+    from .pipeline import Layout
+
     name = load_spec(args.spec).project.name
+    layout = Layout.of(args.spec, args.out, name)
     removed = []
-    root = args.out / "build" / name
-    if root.exists():
-        shutil.rmtree(root)
-        removed.append(str(root))
-    for wheel in (args.out / "dist").glob(f"{name}-*.whl"):
-        wheel.unlink()
-        removed.append(str(wheel))
+    with exclusive(layout.lock_file, lambda msg: _progress("clean", msg)):
+        if layout.root.exists():
+            shutil.rmtree(layout.root)
+            removed.append(str(layout.root))
+        for wheel in layout.dist.glob(f"{name}-*.whl"):
+            wheel.unlink()
+            removed.append(str(wheel))
     print("removed " + (", ".join(removed) if removed else "nothing"), file=sys.stderr)
     return 0
 
@@ -148,14 +212,14 @@ def _doctor(args: argparse.Namespace) -> int:
     tc = toolchain.detect()
     print(f"python:         {tc.python} ({tc.python_version})")
     print(f"torch:          {tc.torch_version}, headers {tc.torch_includes[0]}, libraries {tc.torch_lib}")
-    print(f"meson:          {' '.join(tc.meson)}")
+    print(f"meson:          {tc.meson}")
     print(f"ninja:          {tc.ninja}")
     print(f"compiler cache: {toolchain.compiler_cache() or 'none on PATH'}")
     print(f"per-user cache: {toolchain.cache_dir().parent}")
     print("compilers (probe: build a torch extension with the project's Meson setup, load it in a subprocess):")
     chosen = None
     for cxx in toolchain.candidate_compilers():
-        verdict = toolchain.prove(toolchain.detect(cxx), toolchain.cache_dir())
+        verdict = toolchain.prove(toolchain.detect(cxx), toolchain.cache_dir(), refresh=args.refresh)
         chosen = chosen or (cxx if verdict.ok else None)
         print(f"  {'ok  ' if verdict.ok else 'FAIL'} {cxx} ({verdict.identity}): {verdict.reason}")
     print(f"selected:       {chosen or 'none: set CXX to a compiler that builds loadable torch extensions'}")

@@ -27,7 +27,7 @@ def load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
     _forget_project_modules(spec_dir)  # so that project_modules() sees exactly this entry's imports
     try:
         target: Any = importlib.import_module(module_name)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise SpecError("", f"{where}.entry", f"cannot import '{module_name}': {describe(exc, spec_dir)}") from None
     for part in attr.split("."):
         if not hasattr(target, part):
@@ -40,7 +40,7 @@ def load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
         return target
     try:
         model = target(*graph.args, **graph.kwargs)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise SpecError("", f"{where}.entry", f"calling '{graph.entry}' with args/kwargs failed: {describe(exc, spec_dir)}") from None
     if isinstance(model, torch.nn.Module):
         return model.eval()

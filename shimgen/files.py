@@ -1,9 +1,14 @@
-"""Atomic file updates: a failed or interrupted stage never leaves a half-written output."""
+"""Atomic file updates and file locks: a failed or interrupted stage never leaves a half-written
+output, and builds that run at once never write the same files together."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 
 def write_if_changed(path: Path, content: str | bytes) -> bool:
@@ -12,7 +17,7 @@ def write_if_changed(path: Path, content: str | bytes) -> bool:
     if path.is_file() and path.read_bytes() == data:
         return False
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_bytes(data)
     tmp.replace(path)
     return True
@@ -26,3 +31,29 @@ def replace_dir(new: Path, final: Path) -> None:
         final.replace(old)
     new.replace(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def exclusive(lock_file: Path, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_file` (created if needed) for the duration of the block.
+
+    Another process that holds it is waited for; `waiting` is told who it is first. The OS drops
+    the lock when its holder exits, so a killed build never leaves it held."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                handle.seek(0)
+                holder = handle.read().strip() or "another process"
+                waiting(f"waiting for {holder} (lock {lock_file})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.truncate(0)
+        handle.write(f"shimgen process {os.getpid()}")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 from . import build as compile_stage
 from . import codegen, entry, package, render, toolchain, trace
 from .errors import SpecError, UserError
-from .files import replace_dir, write_if_changed
+from .files import exclusive, replace_dir, write_if_changed
 from .render import GraphSources
 from .spec import Graph, ProjectSpec, Target, load_spec
 from .toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
@@ -76,6 +76,10 @@ class Layout:
     def state_file(self) -> Path:
         return self.root / "state.json"
 
+    @property
+    def lock_file(self) -> Path:
+        return self.root.with_name(f".{self.root.name}.lock")
+
 
 def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = True, progress: Progress | None = None) -> BuildOutput:
     try:
@@ -87,15 +91,20 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
 
 def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
     spec = load_spec(spec_path)
-    out = out.resolve()
-    layout = Layout.of(spec_path, out, spec.project.name)
+    layout = Layout.of(spec_path, out.resolve(), spec.project.name)
+    # One build of a project per output directory at a time; the per-user caches have locks of their own.
+    with exclusive(layout.lock_file, lambda msg: report("lock", msg)):
+        return _build_locked(spec, spec_path, layout, force, use_cache, report)
+
+
+def _build_locked(spec: ProjectSpec, spec_path: Path, layout: Layout, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
     layout.root.mkdir(parents=True, exist_ok=True)
     state = {} if force else _load_state(layout.state_file)
     targets = "+".join(render.target_id(t) for t in spec.target)
     result = BuildOutput(spec.project.name, targets, Path(), layout.site, [g.name for g in spec.graph])
 
     with _stage(result, "toolchain", report):
-        tc, verdicts = toolchain.select()
+        tc, verdicts = toolchain.select(lambda msg: report("toolchain", msg))
         for failed in verdicts[:-1]:
             report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
         cuda = _cuda_toolchain(spec)
@@ -129,7 +138,8 @@ def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Pro
                 raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
             flags = spec.flags
             prebuilt[target.device] = ensure_prebuilt(tc, target.device, render.inductor_args(sources[0].meta),
-                                                      flags.wrapper_opt, flags.kernel_opt, flags.pch, interfaces.pop())
+                                                      flags.wrapper_opt, flags.kernel_opt, flags.pch, interfaces.pop(),
+                                                      lambda msg: report("prebuilt", msg))
     with _stage(result, "render", report):
         render.render_project(spec, spec_path.name, tc, cuda, units, prebuilt, project_dir)
     with _stage(result, "compile", report):
@@ -143,8 +153,7 @@ def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Pro
         result.skipped.append("package")
     else:
         with _stage(result, "package", report):
-            wheel = package.build_wheel(project_dir, meson_dir, layout.dist, tc, launcher)
-            package.unpack(wheel, layout.site)
+            wheel = package.build_and_unpack(project_dir, meson_dir, layout.dist, layout.site, spec.project.name, tc, launcher)
         state.update(package_key=package_key, wheel=str(wheel))
         _save_state(layout.state_file, state)
     result.wheel = wheel

@@ -6,18 +6,19 @@ Files are written only when their content changes, so ninja rebuilds only what r
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from . import escape
 from .files import write_if_changed
 from .spec import Graph, ProjectSpec, Target
 from .toolchain import Toolchain
 from .toolchain.cuda import CudaToolchain
 from .toolchain.prebuilt import Prebuilt
+from .trace import OBJECT
 
 TEMPLATES = Path(__file__).parent / "templates"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
@@ -53,7 +54,9 @@ def _env() -> jinja2.Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=escape.require_escaped,
     )
+    env.filters.update(escape.FILTERS)
     return env
 
 
@@ -165,14 +168,16 @@ def _binding_context(u: GraphSources, tc: Toolchain, spec: ProjectSpec, target_i
         "inputs": inputs,
         "num_positional": sum(1 for inp in graph.inputs if not inp.keyword),
         "max_rank": max(1, max(len(inp.shape) for inp in graph.inputs)),
-        "dims": [{"name": n, "min": d.min, "max": d.max} for n, d in graph.dims.items()],
-        "out_nodes": u.meta["out_nodes"],
+        "dims": [{"name": n, "min": d.min, "max": d.max, "multiple_of": d.multiple_of} for n, d in graph.dims.items()],
+        "out_nodes": _out_node_table(u.meta["out_nodes"]),
+        "out_objects": _out_object_table(u.meta["out_nodes"]),
+        "max_object_args": max([1] + [n["arity"] + len(n["type"]["dropped"]) for n in u.meta["out_nodes"] if n["kind"] == OBJECT]),
         "num_outputs": u.meta["num_outputs"],
         # A captured graph replays one model instance; more would only hold more memory.
         "num_models": 1 if cuda_graphs else spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
         "has_last_error": tc.has_last_error,
-        "docstring": json.dumps(docstring(graph, u.meta["out_nodes"])),
+        "docstring": docstring(graph, u.meta["out_nodes"]),
     }
 
 
@@ -188,24 +193,65 @@ def docstring(graph: Graph, out_nodes: list[dict[str, Any]]) -> str:
     if graph.dims:
         lines.append("Dynamic dims:")
         lines += [f"  {name}: {d.min}..{d.max}" for name, d in graph.dims.items()]
-    lines.append(f"Returns: {_structure_text(out_nodes)}")
+    notes = _type_notes(out_nodes)
+    if len(notes) == 1 and out_nodes[0]["kind"] == OBJECT:
+        lines.append(f"Returns: {_structure_text(out_nodes)}: {notes[0][1]}")
+    else:
+        lines.append(f"Returns: {_structure_text(out_nodes)}")
+        lines += [f"  {name}: {note}" for name, note in notes]
     return "\n".join(lines)
 
 
 def _structure_text(nodes: list[dict[str, Any]]) -> str:
     pos = 0
 
-    def visit() -> str:
+    def visit(parent_kind: int) -> str:
         nonlocal pos
         node = nodes[pos]
         pos += 1
-        children = [visit() for _ in range(node["arity"])]
+        children = [visit(node["kind"]) for _ in range(node["arity"])]
         kind = node["kind"]
         joined = ", ".join(children)
-        text = ["Tensor", f"({joined}{',' if len(children) == 1 else ''})", f"[{joined}]", "{" + joined + "}", "None"][kind]
-        return f"{node['key']!r}: {text}" if node["key"] is not None else text
+        if kind == OBJECT:
+            text = f"{_type_name(node['type'])}({joined})"
+        else:
+            text = ["Tensor", f"({joined}{',' if len(children) == 1 else ''})", f"[{joined}]", "{" + joined + "}", "None"][kind]
+        if node["key"] is None:
+            return text
+        return f"{node['key']}: {text}" if parent_kind == OBJECT else f"{node['key']!r}: {text}"
 
-    return visit()
+    return visit(-1)
+
+
+def _type_name(out_type: dict[str, Any]) -> str:
+    return out_type["qualname"].rpartition(".")[2]
+
+
+def _type_notes(nodes: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(name, what the callable returns for it) for each type of the output's OBJECT nodes."""
+    notes: dict[tuple[str, str], str] = {}
+    for t in (n["type"] for n in nodes if n["kind"] == OBJECT):
+        full = f"{t['module']}.{t['qualname']}"
+        fallback = {"namedtuple": f"a namedtuple {_type_name(t)} of the same fields", "dict": "a dict in field order",
+                    "tuple": "a tuple"}[t["fallback"]]
+        notes.setdefault((_type_name(t), full), f"a {full} when that is importable, else {fallback}" if t["construct"]
+                         else f"{fallback} ({full} {t['reason']})")
+    return [(name, note) for (name, _), note in notes.items()]
+
+
+def _out_node_table(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The binding's kOutNodes: each OBJECT node with its index in kOutObjects."""
+    objects = iter(range(len(nodes)))
+    return [{**n, "int_key": int(isinstance(n["key"], int)), "object": next(objects) if n["kind"] == OBJECT else -1} for n in nodes]
+
+
+def _out_object_table(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The binding's kOutObjects: the OBJECT nodes' types in preorder (binding.cpp.j2's Construct, Fallback)."""
+    construct = {None: 0, "positional": 1, "keyword": 2, "sequence": 3}
+    fallback = {"namedtuple": 0, "dict": 1, "tuple": 2}
+    return [{**n["type"], "name": _type_name(n["type"]), "fields": n["type"]["fields"] or [],
+             "construct_id": construct[n["type"]["construct"]], "fallback_id": fallback[n["type"]["fallback"]]}
+            for n in nodes if n["kind"] == OBJECT]
 
 
 def _remove_stale(out: Path, keep: set[Path]) -> None:

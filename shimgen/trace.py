@@ -6,23 +6,46 @@ spec order: the binding can hand them to AOTInductor as they come.
 
 from __future__ import annotations
 
+import dataclasses
+import keyword
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from . import dims
 from .entry import call_model, describe, example_sizes, load_model, make_inputs
 from .errors import SpecError
 from .spec import Graph
 
 # Output tree nodes in preorder, as the binding rebuilds them (kinds match binding.cpp.j2).
-TENSOR, TUPLE, LIST, DICT, NONE = range(5)
+TENSOR, TUPLE, LIST, DICT, NONE, OBJECT = range(6)
+_CONTAINERS = {tuple: TUPLE, list: LIST, dict: DICT}
+# How the binding calls an OBJECT node's own type (binding.cpp.j2's Construct).
+POSITIONAL, KEYWORD, SEQUENCE = "positional", "keyword", "sequence"
+
+
+@dataclass
+class OutType:
+    """An output node of any other pytree type (namedtuple, dataclass, transformers ModelOutput...)
+    and how the binding rebuilds it: with the type itself when `construct` says how (imported on
+    the first call that returns one), else, or when that import fails, with `fallback`."""
+
+    module: str
+    qualname: str
+    fields: list[str] | None  # the children's names, in order; None where the node does not name them
+    dropped: list[str]  # fields that were None, which the pytree leaves out: passed as None to the type
+    construct: str | None  # POSITIONAL cls(*children), KEYWORD cls(**fields), SEQUENCE cls(children); None: fallback always
+    fallback: str  # "namedtuple" (same name and fields), "dict" (in field order) or "tuple"
+    reason: str = ""  # why construct is None
 
 
 @dataclass
 class OutNode:
     kind: int
     arity: int = 0
-    key: str | None = None
+    key: str | int | None = None  # key in the parent dict, or the field's name in the parent OBJECT
+    type: OutType | None = None  # OBJECT nodes only
 
 
 @dataclass
@@ -42,23 +65,26 @@ def trace(graph: Graph, where: str, spec_dir: Path, device: str) -> Traced:
     inputs = [t.to(device) for t in make_inputs(graph, example_sizes(graph), graph.seed)]
     with torch.no_grad():
         try:
-            call_model(model, graph, inputs)
-        except Exception as exc:
+            eager = call_model(model, graph, inputs)
+        except (Exception, SystemExit) as exc:
             shapes = ", ".join(f"{i.name}={tuple(t.shape)}" for i, t in zip(graph.inputs, inputs))
             raise SpecError("", f"{where}.inputs", f"the model rejected the example inputs ({shapes}): {describe(exc, spec_dir)}") from None
+        out_nodes = _out_nodes(eager, spec_dir, where)
         adapter = _spec_order_module(model, graph)
-        dims = {name: torch.export.Dim(name, min=d.min, max=d.max) for name, d in graph.dims.items()}
-        dynamic = tuple({k: dims[s] for k, s in enumerate(inp.shape) if isinstance(s, str)} for inp in graph.inputs)
-        try:
-            program = torch.export.export(adapter, tuple(inputs), dynamic_shapes=(dynamic,))
-        except Exception as exc:
-            raise SpecError("", where, f"torch.export failed: {_export_message(exc)}") from None
-    out_nodes = _out_nodes(program.call_spec.out_spec, f"{where}: output")
-    return Traced(program, out_nodes, sum(1 for n in out_nodes if n.kind == TENSOR))
+        program = dims.export(adapter, inputs, graph, where)
+        dims.check_smallest(program, model, graph, where, device)
+    num_outputs = sum(1 for n in out_nodes if n.kind == TENSOR)
+    if program.call_spec.out_spec.num_leaves != num_outputs:
+        raise SpecError("", where, f"the traced model returns {program.call_spec.out_spec.num_leaves} tensors, eager {num_outputs}")
+    return Traced(program, out_nodes, num_outputs)
 
 
 def _spec_order_module(model: Callable[..., Any], graph: Graph) -> Any:
-    """An nn.Module taking the spec's inputs positionally in spec order and calling the model."""
+    """An nn.Module taking the spec's inputs positionally in spec order and calling the model.
+
+    It returns the output's tensors alone, flat: the binding rebuilds the structure from the
+    OutNodes, and the exported program (saved, loaded and compiled without the model's modules)
+    then holds no type of the model's own."""
     import torch
 
     class SpecOrderCall(torch.nn.Module):
@@ -67,34 +93,158 @@ def _spec_order_module(model: Callable[..., Any], graph: Graph) -> Any:
             self.model = model  # a Module is registered as a submodule; a function stays an attribute
 
         def forward(self, *tensors: torch.Tensor) -> Any:
-            return call_model(self.model, graph, list(tensors))
+            return output_tensors(call_model(self.model, graph, list(tensors)))
 
     return SpecOrderCall()
 
 
-def _out_nodes(spec: Any, where: str) -> list[OutNode]:
+def output_tensors(output: Any) -> tuple[Any, ...]:
+    """The output's tensors in pytree order: what the compiled model returns, flat."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    return tuple(leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor))
+
+
+def _out_nodes(output: Any, spec_dir: Path, where: str) -> list[OutNode]:
+    """The eager output's structure in preorder; each node of a type of its own says how it is rebuilt."""
+    import torch
+
     nodes: list[OutNode] = []
 
-    def visit(node: Any, key: str | None) -> None:
-        if node.is_leaf():
+    def visit(value: Any, key: str | int | None, path: str) -> None:
+        if isinstance(value, torch.Tensor):
             nodes.append(OutNode(TENSOR, 0, key))
             return
-        kind = {tuple: TUPLE, list: LIST, dict: DICT, type(None): NONE}.get(node.type)
-        if kind is None:
-            raise SpecError("", where, f"{node.type.__name__} outputs are not supported (tensors, tuples, lists, dicts, None)")
-        keys = list(node.context) if kind == DICT else [None] * node.num_children
-        if any(not isinstance(k, str) and k is not None for k in keys):
-            raise SpecError("", where, "dict outputs need string keys")
-        nodes.append(OutNode(kind, node.num_children, key))
-        for child, child_key in zip(node.children_specs, keys):
-            visit(child, child_key)
+        if value is None:
+            nodes.append(OutNode(NONE, 0, key))
+            return
+        kind = _CONTAINERS.get(type(value), OBJECT)
+        parts = node_parts(value)
+        if parts is None:
+            raise SpecError("", where, f"{path} is {type(value).__name__} {_short(value)}: {_leaf_advice(value)}")
+        children, names = parts
+        if kind == DICT:
+            keys: list[Any] = list(value)
+            bad = [k for k in keys if type(k) not in (str, int)]
+            if bad:
+                raise SpecError("", where, f"{path}: dict outputs need str or int keys, not {type(bad[0]).__name__} {_short(bad[0])}")
+        else:
+            keys = list(names) if kind == OBJECT and names else [None] * len(children)
+        out_type = describe_type(value, children, names, spec_dir) if kind == OBJECT else None
+        nodes.append(OutNode(kind, len(children), key, out_type))
+        for k, (child, child_key) in enumerate(zip(children, keys)):
+            visit(child, child_key, path + _step(kind, k, child_key))
 
-    visit(spec, None)
+    visit(output, None, "output")
+    if not any(n.kind == TENSOR for n in nodes):
+        raise SpecError("", where, "the output holds no tensor")
     return nodes
 
 
-def _export_message(exc: Exception) -> str:
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    useful = [line for line in lines if not line.startswith(("For more information", "The error above occurred"))]
-    text = "\n  ".join(useful[:8])
-    return f"{type(exc).__name__}: {text}" + ("\n  ..." if len(useful) > 8 else "")
+def _step(kind: int, index: int, key: str | int | None) -> str:
+    if kind == DICT:
+        return f"[{key!r}]"
+    return f".{key}" if key is not None else f"[{index}]"
+
+
+def _leaf_advice(value: Any) -> str:
+    if dataclasses.is_dataclass(value):
+        return f"a dataclass in the output needs torch.export.register_dataclass({type(value).__name__}) where it is defined"
+    return "outputs may hold tensors and None in any structure torch.export accepts, no other values (return it as a tensor)"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def node_parts(value: Any) -> tuple[list[Any], list[str] | None] | None:
+    """A pytree node's children and, where the node names them, their names; None for a leaf."""
+    import torch.utils._pytree as pytree
+
+    node = pytree.SUPPORTED_NODES.get(pytree._get_node_type(value))
+    if node is None:
+        return None
+    children, _ = node.flatten_fn(value)
+    names: list[Any] = []
+    if node.flatten_with_keys_fn is not None:
+        for entry, _ in node.flatten_with_keys_fn(value)[0]:
+            names.append(entry.name if isinstance(entry, pytree.GetAttrKey) else entry.key if isinstance(entry, pytree.MappingKey) else None)
+    if not _unique_strings(names, len(children)) and isinstance(value, tuple):
+        names = list(getattr(type(value), "_fields", None) or getattr(type(value), "__match_args__", ()))  # structseq
+    return children, (names if _unique_strings(names, len(children)) else None)
+
+
+def _unique_strings(names: list[Any], count: int) -> bool:
+    return len(names) == count and all(isinstance(n, str) for n in names) and len(set(names)) == count
+
+
+def describe_type(value: Any, children: list[Any], names: list[str] | None, spec_dir: Path) -> OutType:
+    """How the binding rebuilds `value`'s node: the constructor call that gives back an equal node
+    from its children, verified here on the eager output itself, and the fallback."""
+    cls = type(value)
+    out = OutType(cls.__module__, cls.__qualname__, names, _dropped_fields(value, names), None, _fallback(value, names))
+    out.reason = _not_importable(cls, spec_dir)
+    if out.reason:
+        return out
+    for how in ([POSITIONAL, SEQUENCE, KEYWORD] if isinstance(value, tuple) else [KEYWORD, POSITIONAL]):
+        if (how != KEYWORD or names is not None) and _rebuilds(value, children, out, how):
+            out.construct = how
+            return out
+    out.reason = "is not rebuilt from its fields by calling it"
+    return out
+
+
+def _dropped_fields(value: Any, names: list[str] | None) -> list[str]:
+    """A dataclass's fields that are None and not among the node's children (register_dataclass
+    keeps them aside): its constructor may need them."""
+    if names is None or not dataclasses.is_dataclass(value):
+        return []
+    return [f.name for f in dataclasses.fields(value) if f.init and f.name not in names and getattr(value, f.name, 0) is None]
+
+
+def _fallback(value: Any, names: list[str] | None) -> str:
+    if names is None:
+        return "tuple"
+    # What collections.namedtuple accepts: identifiers, no keywords, fields not starting with '_'.
+    valid = all(n.isidentifier() and not keyword.iskeyword(n) for n in [type(value).__name__, *names])
+    return "namedtuple" if isinstance(value, tuple) and valid and not any(n.startswith("_") for n in names) else "dict"
+
+
+def _not_importable(cls: type, spec_dir: Path) -> str:
+    """Why the package never imports `cls` at run time; empty when it does."""
+    module = sys.modules.get(cls.__module__)
+    file = getattr(module, "__file__", None)
+    path = Path(file).resolve() if file else None
+    # A virtual environment inside the project holds installed libraries, not the project's code.
+    if path and path.is_relative_to(spec_dir.resolve()) and not {"site-packages", "dist-packages"} & set(path.parts):
+        return "is defined in the project, which the package does not import"
+    found: Any = module
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    if module is None or cls.__module__ == "__main__" or found is not cls:
+        return "cannot be imported by its name"
+    return ""
+
+
+def _rebuilds(value: Any, children: list[Any], out: OutType, how: str) -> bool:
+    """Whether calling the type as `how` says gives back the same pytree node: same type, same
+    context, the very same children."""
+    import torch.utils._pytree as pytree
+
+    cls = type(value)
+    try:
+        if how == POSITIONAL:
+            rebuilt = cls(*children)
+        elif how == SEQUENCE:
+            rebuilt = cls(tuple(children))
+        else:
+            rebuilt = cls(**dict(zip(out.fields or (), children)), **dict.fromkeys(out.dropped))
+        if type(rebuilt) is not cls:
+            return False
+        node = pytree.SUPPORTED_NODES[pytree._get_node_type(value)]
+        (got, got_context), (want, want_context) = node.flatten_fn(rebuilt), node.flatten_fn(value)
+        return len(got) == len(want) and all(a is b for a, b in zip(got, want)) and bool(got_context == want_context)
+    except Exception:
+        return False

@@ -159,6 +159,16 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
         assert result.returncode == 1, result.stderr
         assert "compile failed in" in result.stderr and "src/forward_cpu/binding.cpp" in result.stderr
         assert "error: injected failure" in result.stderr and "Traceback" not in result.stderr
+
+        # A binding that compiles and links but does not import: the package stage refuses it.
+        renaming = tmp_path / "renaming-c++"
+        renaming.write_text('#!/bin/sh\ncase "$*" in *binding.cpp*) exec g++ -DPyInit__forward_cpu=PyInit_elsewhere "$@";; esac\n'
+                            'exec g++ "$@"\n')
+        renaming.chmod(0o755)
+        result = shimgen("build", spec, "--out", workdir, env={"CXX": str(renaming)})
+        assert result.returncode == 1, result.stderr
+        assert "the built package 'mlp' does not import; the previous package is left in place" in result.stderr
+        assert "does not define module export function" in result.stderr and "Traceback" not in result.stderr
     finally:
         spec.write_text(original)
     assert (_digest(wheel), sorted(p.name for p in (site / "mlp").iterdir())) == before

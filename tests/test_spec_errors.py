@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from shimgen.cli import main
+from shimgen.spec import load_spec
 from shimgen.toolchain.cuda import CudaToolchain, detect_cuda
 
 GOOD_GRAPH = """
@@ -20,6 +22,17 @@ dims = { batch = { min = 1, max = 8 } }
 """
 PROJECT = '[project]\nname = "demo"\n'
 DTYPES = "float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8, bool"
+INT64 = "does not fit in 64 bits: TOML integers go from -2**63 to 2**63 - 1"
+
+
+def dims(text: str) -> str:
+    """The good spec with the batch dim's table replaced."""
+    return PROJECT + GOOD_GRAPH.replace("{ min = 1, max = 8 }", text)
+
+
+def input_keys(text: str) -> str:
+    """The good spec with more keys on input x."""
+    return PROJECT + GOOD_GRAPH.replace('shape = ["batch", 32] }', f'shape = ["batch", 32], {text} }}')
 
 CASES = [
     ("toml syntax", "[project\nname = 1", "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 9)"),
@@ -50,6 +63,83 @@ CASES = [
     ("no module", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "nowhere.model:build"), "graph[0].entry: cannot import 'nowhere.model': ModuleNotFoundError: No module named 'nowhere'"),
     ("no attribute", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "models.mlp:nope"), "graph[0].entry: module 'models.mlp' has no attribute 'nope'"),
     ("module raises", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "broken:model"), "graph[0].entry: cannot import 'broken': RuntimeError: cannot build at import (at broken.py:2)"),
+    ("empty file", "", "project: missing required key"),
+    ("project name too long", f'[project]\nname = "{"p" * 101}"\n' + GOOD_GRAPH, "project.name: 101 characters long; at most 100 (it goes into file names)"),
+    ("graph name too long", PROJECT + GOOD_GRAPH.replace('name = "forward"', f'name = "{"g" * 240}"'),
+     "graph[0].name: 240 characters long; at most 100 (it goes into file names)"),
+    ("version too long", f'[project]\nname = "demo"\nversion = "1{".0" * 40}"\n' + GOOD_GRAPH,
+     "project.version: 81 characters long; at most 64 (it goes into file names)"),
+    ("version not pep 440", '[project]\nname = "demo"\nversion = "one point oh"\n' + GOOD_GRAPH,
+     "project.version: 'one point oh' is not a PEP 440 version such as '1.0', '0.2.1' or '1.0rc1'"),
+    ("description two lines", '[project]\nname = "demo"\ndescription = """one\ntwo"""\n' + GOOD_GRAPH,
+     "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break"),
+    ("description carriage return", '[project]\nname = "demo"\ndescription = "one\\rtwo"\n' + GOOD_GRAPH,
+     "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break"),
+    ("description line separator", '[project]\nname = "demo"\ndescription = "one\\u2028two"\n' + GOOD_GRAPH,
+     "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break"),
+    ("description NUL", '[project]\nname = "demo"\ndescription = "one\\u0000two"\n' + GOOD_GRAPH,
+     "project.description: must be a single line of printable text (it is the wheel's Summary); it holds the control character '\\x00'"),
+    ("dim max beyond torch", dims("{ max = 9223372036854775807 }"),
+     "graph[0].dims.batch.max: max 9223372036854775807 is beyond 9223372036854775806 (2**63 - 2), "
+     "the largest dim size torch.export supports (sys.maxsize - 1)"),
+    ("dim max equals min", dims("{ min = 4, max = 4 }"),
+     "graph[0].dims.batch.max: max equals min (4): a size that never changes is static; write 4 in the input shapes instead of 'batch'"),
+    ("dim min zero", dims("{ min = 0, max = 8 }"), "graph[0].dims.batch.min: min must be at least 1, got 0"),
+    ("dim unused", dims("{ max = 8 }, seq = { max = 4 }"), "graph[0].dims.seq: not used by any input shape"),
+    ("negative size", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["batch", -32]'), "graph[0].inputs[0].shape[1]: size -32 is negative"),
+    ("multiple_of zero", dims("{ max = 8, multiple_of = 0 }"), "graph[0].dims.batch.multiple_of: multiple_of must be at least 1, got 0"),
+    ("min not multiple", dims("{ min = 3, max = 16, multiple_of = 4 }"), "graph[0].dims.batch.min: min 3 is not a multiple of 4 (multiple_of); use 4"),
+    ("min not multiple, two near", dims("{ min = 6, max = 16, multiple_of = 4 }"),
+     "graph[0].dims.batch.min: min 6 is not a multiple of 4 (multiple_of); use 4 or 8"),
+    ("max not multiple", dims("{ min = 4, max = 10, multiple_of = 4 }"), "graph[0].dims.batch.max: max 10 is not a multiple of 4 (multiple_of); use 8 or 12"),
+    ("max not multiple, above min", dims("{ min = 4, max = 6, multiple_of = 4 }"),
+     "graph[0].dims.batch.max: max 6 is not a multiple of 4 (multiple_of); use 8"),
+    ("example not multiple", dims("{ min = 4, max = 16, multiple_of = 4, example = 6 }"),
+     "graph[0].dims.batch.example: example 6 is not a multiple of 4 (multiple_of); use 4 or 8"),
+    ("example below 2", dims("{ max = 8, example = 1 }"), "graph[0].dims.batch.example: example 1 is below 2 (torch.export specializes sizes 0 and 1)"),
+    ("example outside", dims("{ max = 8, example = 9 }"), "graph[0].dims.batch.example: example 9 is outside [1, 8]"),
+    ("default example too big", dims("{ max = 1099511627776 }"),
+     "graph[0].dims.batch.example: the example inputs take 64 TiB (x: float32[batch=549755813888, 32]), beyond the 4 GiB shimgen "
+     "allocates to trace; set dims.batch.example (now the middle of [min, max], 549755813888) to a smaller size: the package still "
+     "takes every size up to max"),
+    ("example too big", dims("{ max = 1099511627776, example = 67108864 }"),
+     "graph[0].dims.batch.example: the example inputs take 8 GiB (x: float32[batch=67108864, 32]), beyond the 4 GiB shimgen "
+     "allocates to trace; set dims.batch.example to a smaller size: the package still takes every size up to max"),
+    ("static shape too big", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["batch", 1000000000]'),
+     "graph[0].inputs[0].shape: the example inputs take 7.5 GiB (x: float32[batch=2, 1000000000]), beyond the 4 GiB shimgen "
+     "allocates to trace, even with every dim at its smallest example; make the static sizes smaller"),
+    ("atol nan", PROJECT + GOOD_GRAPH + "atol = nan\n", "graph[0].atol: expected a finite number, got nan"),
+    ("rtol inf", PROJECT + GOOD_GRAPH + "rtol = inf\n", "graph[0].rtol: expected a finite number, got inf"),
+    ("rtol negative", PROJECT + GOOD_GRAPH + "rtol = -0.5\n", "graph[0].rtol: tolerances must not be negative, got -0.5"),
+    ("low -inf", input_keys("low = -inf"), "graph[0].inputs[0].low: expected a finite number, got -inf"),
+    ("low a boolean", input_keys("low = true"), "graph[0].inputs[0].low: expected an integer or a number, got a boolean (True)"),
+    ("int8 high", input_keys('dtype = "int8", high = 1000'),
+     "graph[0].inputs[0].high: high 1000 is outside int8's values [-128, 127]: low >= -128, high (exclusive) <= 128"),
+    ("int64 high", input_keys('dtype = "int64", low = -9223372036854775808, high = 9223372036854775807'),
+     "graph[0].inputs: the model rejected the example inputs (x=(4, 32)): RuntimeError: mat1 and mat2 must have the same dtype, "
+     "but got Long and Float"),
+    ("int low not whole", input_keys('dtype = "int32", low = 0.5'), "graph[0].inputs[0].low: int32 inputs need a whole number, got 0.5"),
+    ("high below default low", input_keys('dtype = "int32", high = -5'),
+     "graph[0].inputs[0].high: low 0 must be below high -5 (the other bound is the default)"),
+    ("low above high", input_keys("low = 2, high = 1"), "graph[0].inputs[0].low: low 2 must be below high 1"),
+    ("bool low", input_keys('dtype = "bool", low = 0'),
+     "graph[0].inputs[0].low: bool inputs take random true/false values; low and high do not apply"),
+    ("float16 high", input_keys('dtype = "float16", high = 1e6'),
+     "graph[0].inputs[0].high: high 1000000.0 is outside float16's values [-65504, 65504]"),
+    ("float span", input_keys("low = -3e38, high = 3e38"),
+     "graph[0].inputs[0].high: high - low is beyond the largest float32 (3.402823e+38), in which example values are drawn"),
+    ("kwargs nested deep", PROJECT + GOOD_GRAPH + "kwargs = { a = " + "[" * 100 + "]" * 100 + " }\n",
+     "graph[0].kwargs.a: arrays or tables nested more than 64 levels deep"),
+    ("toml nested deep", PROJECT + GOOD_GRAPH + "kwargs = { a = " + "[" * 1000 + "]" * 1000 + " }\n",
+     "not valid TOML: arrays or tables nested too deeply to parse"),
+    ("integer of 5000 digits", PROJECT + GOOD_GRAPH + "seed = " + "1" * 5000 + "\n",
+     "not valid TOML: an integer has thousands of digits; TOML integers are 64-bit"),
+    ("split zero", PROJECT + GOOD_GRAPH + "[flags]\nsplit = 0\n", "flags.split: split must be at least 1, got 0"),
+    ("instances huge", PROJECT + GOOD_GRAPH + "[runtime]\ninstances = 1000000000\n", "runtime.instances: instances must be from 1 to 1024, got 1000000000"),
+    ("instances zero", PROJECT + GOOD_GRAPH + "[runtime]\ninstances = 0\n", "runtime.instances: instances must be from 1 to 1024, got 0"),
+    ("kwargs the model rejects", PROJECT + GOOD_GRAPH + 'kwargs = { width = "wide" }\n',
+     "graph[0].entry: calling 'models.mlp:mlp' with args/kwargs failed: TypeError: empty(): argument 'size' (position 1) must be "
+     "tuple of ints, but found element of type str at pos 0 (at models/mlp.py:10)"),
     ("inputs rejected", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["batch", 31]'),
      "graph[0].inputs: the model rejected the example inputs (x=(4, 31)): RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x31 and 32x32)"),
 ]
@@ -70,6 +160,142 @@ def test_bad_spec(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[s
 def test_missing_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", str(tmp_path / "nope.toml")]) == 2
     assert capsys.readouterr().err.strip() == f"shimgen: {tmp_path / 'nope.toml'}: cannot read spec: No such file or directory"
+
+
+@pytest.mark.parametrize("data,message", [
+    (b'[project]\nname = "d\xffmo"\n', "not UTF-8 text (invalid byte 0xff at offset 19, line 2); save the spec as UTF-8"),
+    ('[project]\nname = "d\u00e9mo"\n'.encode("latin-1"), "not UTF-8 text (invalid byte 0xe9 at offset 19, line 2); save the spec as UTF-8"),
+    (b"\x7fELF\x02\x01\x01\x00" + bytes(64), "an ELF binary (a program or compiled extension), not a TOML spec; give the spec's .toml file, saved as UTF-8"),
+    (b"PK\x03\x04\x14\x00\x00\x00", "a zip archive (a wheel, or a .pt2?), not a TOML spec; give the spec's .toml file, saved as UTF-8"),
+    ("[project]\n".encode("utf-16"), "UTF-16 text, not a TOML spec; give the spec's .toml file, saved as UTF-8"),
+    (b"[project]\nname = 1\x00\x01\x02", "a binary file (NUL byte at offset 18), not a TOML spec; give the spec's .toml file, saved as UTF-8"),
+], ids=["invalid byte", "latin-1", "elf", "zip", "utf-16", "nul"])
+def test_not_utf8_or_binary(tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes, message: str) -> None:
+    spec = tmp_path / "bad.toml"
+    spec.write_bytes(data)
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"shimgen: {spec}: {message}"
+
+
+def test_utf8_byte_order_mark_is_read(tmp_path: Path) -> None:
+    spec = tmp_path / "bom.toml"
+    spec.write_bytes(b"\xef\xbb\xbf" + (PROJECT + GOOD_GRAPH).encode())
+    assert load_spec(spec).project.name == "demo"
+
+
+@pytest.mark.parametrize("name", [os.fsdecode(b"lat\xe9.toml"), "two\nlines.toml"], ids=["not utf-8", "newline"])
+def test_spec_file_name_not_printable(tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str) -> None:
+    """The name goes into generated files, which are UTF-8."""
+    spec = tmp_path / name
+    spec.write_text(PROJECT + GOOD_GRAPH)
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
+    message = "the file name is not printable UTF-8 text; rename the spec (the name goes into generated files)"
+    assert capsys.readouterr().err.strip() == f"shimgen: {spec}: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def test_out_not_utf8(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / os.fsdecode(b"out\xe9")
+    assert main(["build", str(workdir / "projects" / "mlp.toml"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(": the path is not UTF-8 text; choose another output directory") and err.startswith("shimgen: --out ")
+
+
+def test_spec_path_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["build", str(tmp_path), "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"shimgen: {tmp_path}: is a directory; give the spec file inside it, such as projects/mlp.toml"
+
+
+BIG = "100000000000000000000"
+
+
+@pytest.mark.parametrize("text,where", [
+    (dims(f"{{ max = {BIG} }}"), "graph[0].dims.batch.max"),
+    (dims(f"{{ max = 8, min = -{BIG} }}"), "graph[0].dims.batch.min"),
+    (PROJECT + GOOD_GRAPH + f"seed = {BIG}\n", "graph[0].seed"),
+    (PROJECT + GOOD_GRAPH.replace('["batch", 32]', f'["batch", {BIG}]'), "graph[0].inputs[0].shape[1]"),
+    (PROJECT + GOOD_GRAPH + f"kwargs = {{ width = {BIG} }}\n", "graph[0].kwargs.width"),
+    (PROJECT + GOOD_GRAPH + f"args = [1, [2, -{BIG}]]\n", "graph[0].args[1][1]"),
+    (PROJECT + GOOD_GRAPH + f"atol = {BIG}\n", "graph[0].atol"),
+    (input_keys(f'dtype = "int64", high = {BIG}'), "graph[0].inputs[0].high"),
+    (PROJECT + GOOD_GRAPH + f"[runtime]\ninstances = {BIG}\n", "runtime.instances"),
+], ids=["dim max", "dim min", "seed", "shape", "kwargs", "args", "float key", "union key", "runtime"])
+def test_integer_beyond_int64(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, where: str) -> None:
+    """Python's TOML parser takes integers of any size; torch and the generated C++ would not."""
+    spec = tmp_path / "bad.toml"
+    spec.write_text(text)
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
+    value = BIG if f"-{BIG}" not in text else f"-{BIG}"
+    assert capsys.readouterr().err.strip() == f"shimgen: {spec}: {where}: {value} {INT64}"
+    assert not (tmp_path / "build").exists()
+
+
+def test_int64_bounds_themselves_load(tmp_path: Path) -> None:
+    spec = tmp_path / "edge.toml"
+    spec.write_text(PROJECT + GOOD_GRAPH + "seed = 9223372036854775807\nkwargs = { a = -9223372036854775808 }\n")
+    graph = load_spec(spec).graph[0]
+    assert (graph.seed, graph.kwargs["a"]) == (2**63 - 1, -(2**63))
+
+
+@pytest.mark.parametrize("table,example", [
+    ("{ min = 1, max = 8 }", 4), ("{ min = 1, max = 2 }", 2), ("{ min = 8, max = 64, multiple_of = 8 }", 32),
+    ("{ min = 4, max = 12, multiple_of = 4 }", 8), ("{ min = 6, max = 9, multiple_of = 3 }", 6),
+])
+def test_default_example_is_a_multiple(tmp_path: Path, table: str, example: int) -> None:
+    spec = tmp_path / "dims.toml"
+    spec.write_text(dims(table))
+    assert load_spec(spec).graph[0].dims["batch"].example == example
+
+
+def test_out_is_not_a_directory(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    assert main(["build", str(workdir / "projects" / "mlp.toml"), "--out", str(tmp_path / "file" / "out")]) == 2
+    assert capsys.readouterr().err.strip() == f"shimgen: --out {tmp_path / 'file' / 'out'}: {tmp_path / 'file'} is not a directory"
+
+
+def test_model_that_exits(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """sys.exit in the project's code is not a successful build (it used to end shimgen with status 0)."""
+    (workdir / "projects" / "exits.py").write_text("import sys\n\ndef model(x):\n    return x\n\nsys.exit(0)\n")
+    spec = workdir / "projects" / "exits.toml"
+    spec.write_text(PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "exits:model"))
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"shimgen: {spec}: graph[0].entry: cannot import 'exits': SystemExit: 0 (at exits.py:6)"
+
+
+def _boom(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("boom\nsecond line")
+
+
+def test_internal_error(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shimgen bug: one paragraph, exit 3, the traceback in a file under the temp directory."""
+    import tempfile
+
+    import shimgen.pipeline
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(shimgen.pipeline.render, "target_id", _boom)
+    spec = workdir / "projects" / "mlp.toml"
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    (crash,) = (tmp_path / "tmp").glob("shimgen-crash-*.txt")
+    assert err == (f"shimgen: internal error (a bug in shimgen; please report it): RuntimeError: boom ...; "
+                   f"the full traceback is in {crash}\n")
+    saved = crash.read_text()
+    assert saved.startswith(f"shimgen build {spec} --out {tmp_path}\n")
+    assert "Traceback (most recent call last)" in saved and "in _boom" in saved and saved.endswith("RuntimeError: boom\nsecond line\n")
+
+
+def test_interrupt_is_not_an_internal_error(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import shimgen.pipeline
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shimgen.pipeline.render, "target_id", interrupt)
+    assert main(["build", str(workdir / "projects" / "mlp.toml"), "--out", str(tmp_path)]) == 130
+    assert capsys.readouterr().err.strip() == "shimgen: interrupted; previous outputs are left as they were"
 
 
 def test_cli_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,11 @@ from typing import Any, Literal
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
 OptLevel = Literal["O0", "O1", "O2", "O3", "Os"]
+DIM_SIZE_LIMIT = 2**63 - 2  # torch.export's largest dim size (sys.maxsize - 1; it checks derived dims against it)
+EXAMPLE_BYTES_LIMIT = 2**32  # example inputs allocated by tracing and `shimgen check`
+INSTANCES_LIMIT = 1024
+NAME_LIMIT = 100  # project and graph names name files and directories, whose names stop at 255 bytes
+VERSION_LIMIT = 64  # the version is part of the wheel's file name too
 
 
 def doc(text: str, **kwargs: Any) -> Any:
@@ -22,21 +27,36 @@ def doc(text: str, **kwargs: Any) -> Any:
 class Project:
     """[project]: the generated package."""
 
-    name: str = doc("Import name of the generated package (a Python identifier).")
-    version: str = doc("Version of the generated package and its wheel.", default="0.1.0")
-    description: str = doc("One-line description, used as the package docstring and wheel summary.", default="")
+    name: str = doc(f"Import name of the generated package (a Python identifier of at most {NAME_LIMIT} characters).")
+    version: str = doc(
+        f"Version of the generated package and its wheel: a PEP 440 version such as '1.0' or '0.2.1rc1', at most {VERSION_LIMIT} characters.",
+        default="0.1.0",
+    )
+    description: str = doc(
+        "One line of printable text (no line breaks or control characters), used as the package docstring and wheel summary.",
+        default="",
+    )
 
 
 @dataclass
 class Dim:
     """A dynamic dimension shared by every input shape that names it."""
 
-    max: int = doc("Largest size the package accepts for this dimension.")
+    max: int = doc(
+        "Largest size the package accepts for this dimension: above min, and at most 2**63 - 2, the largest size "
+        "torch.export supports for a dim (sys.maxsize - 1). For 'no limit', write a large max and a small example.",
+    )
     min: int = doc("Smallest size the package accepts for this dimension (at least 1).", default=1)
     example: int | None = doc(
-        "Size used for tracing and example inputs; default: the middle of [min, max], at least 2 "
-        "(torch.export specializes sizes 0 and 1).",
+        "Size used for tracing and example inputs; default: the middle of [min, max] (rounded down to a multiple "
+        "of multiple_of), at least 2 (torch.export specializes sizes 0 and 1). The example inputs together may "
+        f"take at most {EXAMPLE_BYTES_LIMIT // 2**30} GiB: tracing allocates them.",
         default=None,
+    )
+    multiple_of: int = doc(
+        "Sizes must be a multiple of this (for models whose kernels or reshapes need it); checked on every call. "
+        "min, max and example must be multiples of it.",
+        default=1,
     )
 
 
@@ -55,15 +75,22 @@ class Input:
         "Layout the kernels are traced for and that every call must match (checked on each call).",
         default="contiguous",
     )
-    low: float | None = doc("Lower bound of random example values (integer dtypes default 0).", default=None)
-    high: float | None = doc("Upper bound (exclusive) of random example values (integer dtypes default 10).", default=None)
+    low: int | float | None = doc(
+        "Lower bound of random example values (default -1, integer dtypes 0); within the dtype's range. Not for bool.",
+        default=None,
+    )
+    high: int | float | None = doc(
+        "Upper bound (exclusive) of random example values (default 1, integer dtypes 10); within the dtype's range. "
+        "Not for bool.",
+        default=None,
+    )
 
 
 @dataclass
 class Graph:
     """[[graph]]: one traced graph, one callable in the package."""
 
-    name: str = doc("Callable name in the generated package (a Python identifier).")
+    name: str = doc(f"Callable name in the generated package (a Python identifier of at most {NAME_LIMIT} characters).")
     entry: str = doc(
         "'module:callable', imported with the spec's directory on sys.path. A class or a factory "
         "(called with args/kwargs) must give an nn.Module; a function with required parameters is "
@@ -145,8 +172,8 @@ class Runtime:
     """[runtime]: behaviour of the generated package."""
 
     instances: int = doc(
-        "Model instances per graph: this many threads can run a graph at once, more wait their turn. "
-        "Instances share the weights.",
+        f"Model instances per graph (1 to {INSTANCES_LIMIT}): this many threads can run a graph at once, more wait their turn. "
+        "Instances share the weights; each has its own intermediate buffers.",
         default=2,
     )
 

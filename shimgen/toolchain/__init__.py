@@ -16,13 +16,16 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 from ..errors import UserError
+from ..files import exclusive, write_if_changed
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Toolchain:
     torch_lib: str
     cxx: str
     cxx_identity: str
-    meson: tuple[str, ...]
+    meson: str
     ninja: str
     variable_maybe_owned: bool
     has_last_error: bool
@@ -45,8 +48,11 @@ class Toolchain:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
     def env(self, launcher: str | None = None) -> dict[str, str]:
-        """Environment for Meson; `launcher` (ccache, sccache) goes in front of the compiler."""
-        return {**os.environ, "CXX": f"{launcher} {self.cxx}" if launcher else self.cxx}
+        """Environment for Meson and meson-python: the compiler (behind `launcher`, ccache or sccache),
+        and the Meson and ninja this toolchain found, handed over explicitly since meson-python and
+        Meson otherwise look them up on PATH, where an un-activated venv's are not."""
+        cxx = f"{launcher} {self.cxx}" if launcher else self.cxx
+        return {**os.environ, "CXX": cxx, "MESON": self.meson, "NINJA": self.ninja}
 
 
 def compiler_cache() -> str | None:
@@ -112,18 +118,19 @@ def candidate_compilers() -> list[str]:
     return list(found.values())
 
 
-def select() -> tuple[Toolchain, list[Verdict]]:
+def select(waiting: Callable[[str], None] | None = None) -> tuple[Toolchain, list[Verdict]]:
     """The first candidate compiler whose probe builds and loads; UserError naming each failure if none."""
     verdicts = []
     for cxx in candidate_compilers():
         tc = detect(cxx)
-        verdict = prove(tc, cache_dir())
+        verdict = prove(tc, cache_dir(), waiting=waiting)
         verdicts.append(verdict)
         if verdict.ok:
             return tc, verdicts
     lines = "\n".join(f"  {v.cxx} ({v.identity}): {v.reason}" for v in verdicts)
     raise UserError(f"no C++ compiler here builds torch extensions that load into this Python:\n{lines}\n"
-                    "Fix: install a compiler that matches this Python's libstdc++ (the system g++), or set CXX to one.")
+                    "Fix: install a compiler that matches this Python's libstdc++ (the system g++), or set CXX to one; "
+                    "`shimgen doctor --refresh` proves them again.")
 
 
 def cache_dir() -> Path:
@@ -133,33 +140,41 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shimgen" / "toolchain"
 
 
-def prove(tc: Toolchain, cache: Path) -> Verdict:
-    """Build and load the probe extension once per toolchain key; the verdict is cached either way."""
+def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[str], None] | None = None) -> Verdict:
+    """Build and load the probe extension once per toolchain key. A verdict is cached only when
+    it would come out the same again: never from a probe that was killed or raced another."""
     from ..render import render_probe
 
     probe_dir = cache / tc.key
     stamp = probe_dir / "verdict.json"
-    if stamp.is_file():
-        return Verdict(**json.loads(stamp.read_text()))
-    source, build = probe_dir / "src", probe_dir / "build"
-    shutil.rmtree(probe_dir, ignore_errors=True)
-    render_probe(tc, source)
-    steps = [
-        ([*tc.meson, "setup", str(source), str(build)], "meson setup"),
-        ([tc.ninja, "-C", str(build)], "compile"),
-        ([tc.python, str(source / "check_probe.py"), str(build)], "import"),
-    ]
-    verdict = Verdict(tc.cxx, tc.cxx_identity, True, "builds and loads the probe")
-    for cmd, what in steps:
-        result = subprocess.run(cmd, env=tc.env(), capture_output=True, text=True)
-        if result.returncode != 0:
-            tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
-            crash = f"the probe crashed with signal {-result.returncode} while loading" if result.returncode < 0 else f"{what} failed"
-            verdict = Verdict(tc.cxx, tc.cxx_identity, False, f"{crash}: {tail}" if tail else crash)
-            break
-    shutil.rmtree(build, ignore_errors=True)
-    stamp.write_text(json.dumps(asdict(verdict)))
+    with exclusive(cache / f"{tc.key}.lock", waiting):
+        if stamp.is_file() and not refresh:
+            return Verdict(**json.loads(stamp.read_text()))
+        shutil.rmtree(probe_dir, ignore_errors=True)
+        source, build = probe_dir / "src", probe_dir / "build"
+        render_probe(tc, source)
+        steps = [
+            ([tc.meson, "setup", str(source), str(build)], "meson setup"),
+            ([tc.ninja, "-C", str(build)], "compile"),
+            ([tc.python, str(source / "check_probe.py"), str(build)], "import"),
+        ]
+        verdict, lasting = Verdict(tc.cxx, tc.cxx_identity, True, "builds and loads the probe"), True
+        for cmd, what in steps:
+            result = subprocess.run(cmd, env=tc.env(), capture_output=True, text=True)
+            if result.returncode != 0:
+                tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
+                crash = f"the probe crashed with signal {-result.returncode} while loading" if result.returncode < 0 else f"{what} failed"
+                verdict = Verdict(tc.cxx, tc.cxx_identity, False, f"{crash}: {tail}" if tail else crash)
+                lasting = -result.returncode not in _INTERRUPTING_SIGNALS and "already using this build directory" not in tail
+                break
+        shutil.rmtree(build, ignore_errors=True)
+        if lasting:
+            write_if_changed(stamp, json.dumps(asdict(verdict)))
     return verdict
+
+
+# A probe step ended by one of these was stopped from outside; it says nothing about the compiler.
+_INTERRUPTING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGKILL, signal.SIGHUP}
 
 
 def _compiler_identity(cxx: str) -> str:
@@ -170,22 +185,27 @@ def _compiler_identity(cxx: str) -> str:
     return out.splitlines()[0].strip() if out else cxx
 
 
-def _find_meson() -> tuple[str, ...]:
-    if importlib.util.find_spec("mesonbuild") is not None:
-        return (sys.executable, "-m", "mesonbuild.mesonmain")
-    path = shutil.which("meson")
+def _find_meson() -> str:
+    """The meson installed with this Python (its scripts directory), else the one on PATH."""
+    path = _beside_python("meson") or shutil.which("meson")
     if path is None:
-        raise UserError("Meson is not installed: pip install meson")
-    return (path,)
+        raise UserError(f"Meson is not installed for {sys.executable}: {sys.executable} -m pip install meson")
+    return path
 
 
 def _find_ninja() -> str:
-    path = shutil.which("ninja")
-    if path is None:
-        try:
-            import ninja  # type: ignore[import-not-found]
+    """The ninja installed with this Python (the ninja package), else the one on PATH."""
+    path = _beside_python("ninja")
+    if path is None and importlib.util.find_spec("ninja") is not None:
+        import ninja  # type: ignore[import-not-found]
 
-            path = str(Path(ninja.BIN_DIR) / "ninja")
-        except ImportError:
-            raise UserError("ninja is not installed: pip install ninja") from None
+        path = str(Path(ninja.BIN_DIR) / "ninja")
+    path = path or shutil.which("ninja")
+    if path is None:
+        raise UserError(f"ninja is not installed for {sys.executable}: {sys.executable} -m pip install ninja")
     return path
+
+
+def _beside_python(name: str) -> str | None:
+    path = Path(sysconfig.get_path("scripts")) / name
+    return str(path) if path.is_file() and os.access(path, os.X_OK) else None

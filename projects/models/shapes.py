@@ -1,0 +1,26 @@
+"""Models whose sizes are derived from the inputs' dims, and outputs that are not a plain tensor."""
+
+import torch
+
+
+def cat_slices(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Concatenates `a` with `b` minus its first column: the result's width is 2 * q - 1."""
+    return torch.cat([a, b[:, 1:]], dim=1)
+
+
+def pairs(x: torch.Tensor) -> torch.Tensor:
+    """Sums neighbouring rows: needs an even number of rows (multiple_of = 2 in the spec)."""
+    return x.view(x.shape[0] // 2, 2, x.shape[1]).sum(1)
+
+
+class TopK(torch.nn.Module):
+    """Scores, then the top 3 per row (values and int64 indices) and a view of the scores."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        scores = self.proj(x).relu()
+        values, indices = scores.topk(3, dim=-1)
+        return values, indices, scores.view(-1, 2, scores.shape[-1] // 2)

@@ -1,0 +1,103 @@
+"""Models nobody here wrote, checked against eager at min, middle and max of every dynamic dim:
+transformers architectures from small configs returning their own output classes, sizes derived
+from the dims (a slice of a range that starts at 2, a multiple of 2), and outputs holding topk
+indices and a view. The same specs run on the GPU machine (benchmarks/results/)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import build_json, import_package, shimgen
+
+pytest.importorskip("transformers", reason="the zoo's transformers models need transformers (scripts/setup.sh installs it)")
+pytestmark = pytest.mark.slow
+
+
+def check(spec: Path, out: Path) -> dict[str, Any]:
+    result = shimgen("check", spec, "--out", out, "--json")
+    assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    print(f"\n{spec.name}:\n" + "\n".join(f"  {c['graph']:<12} {c['case']:<12} {c['output']:<28} max abs err {c['max_abs']:.3g}"
+                                         for c in report["comparisons"]))
+    assert result.returncode == 0 and report["ok"], result.stderr
+    return report
+
+
+@pytest.fixture(scope="session")
+def built_shapes(workdir: Path) -> dict[str, Any]:
+    return build_json(workdir / "projects" / "shapes.toml", workdir)
+
+
+@pytest.mark.parametrize("spec_name", ["shapes.toml", "hf.toml"])
+def test_zoo_matches_eager_across_every_range(workdir: Path, spec_name: str) -> None:
+    report = check(workdir / "projects" / spec_name, workdir)
+    cases = {(c["graph"], c["case"]) for c in report["comparisons"]}
+    if spec_name == "shapes.toml":
+        assert {("cat_slices", "q=2"), ("cat_slices", "q=64"), ("pairs", "rows=2"), ("topk", "batch=1")} <= cases
+    else:
+        assert {("bert", "seq=2"), ("bert", "seq=64"), ("gpt2", "batch=1"), ("vit", "batch=8"), ("t5_encoder", "seq=2")} <= cases
+
+
+def test_multiple_of_is_checked_on_every_call(built_shapes: dict[str, Any]) -> None:
+    shapes = import_package(built_shapes)
+    assert torch.equal(shapes.pairs(torch.ones(6, 8)), torch.full((3, 8), 2.0))
+    with pytest.raises(ValueError, match=r"input 'x' dim 0 \('rows'\) must be a multiple of 2, got 7"):
+        shapes.pairs(torch.ones(7, 8))
+
+
+def test_topk_indices_and_view_keep_their_types(built_shapes: dict[str, Any]) -> None:
+    shapes = import_package(built_shapes)
+    values, indices, view = shapes.topk(torch.randn(5, 16))
+    assert indices.dtype == torch.int64 and values.shape == indices.shape == (5, 3) and view.shape == (5, 2, 8)
+
+
+@pytest.mark.parametrize("edit,message", [
+    # A reshape into pairs needs an even size: torch's suggested fix, in the spec's terms.
+    (("shapes.toml", ", multiple_of = 2", ""),
+     "graph[1].dims.rows: the model cannot take every size of 'rows' in [2, 64]: it needs (8*x.shape[0]) == (16*(x.shape[0] // 2)); "
+     "write dims.rows = { min = 2, max = 64, multiple_of = 2 }"),
+    # transformers takes another branch for a sequence of one token: found by running the smallest sizes.
+    (("hf.toml", "seq = { min = 2, max = 64 }", "seq = { min = 1, max = 64 }"),
+     "graph[0].dims.seq: the model cannot take every size of 'seq' in [1, 64]: it needs input_ids.shape[1] > 1; "
+     "write dims.seq = { min = 2, max = 64 }"),
+])
+def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Path, edit: tuple[str, str, str], message: str) -> None:
+    name, old, new = edit
+    original = (workdir / "projects" / name).read_text()
+    assert old in original
+    spec = workdir / "projects" / f"narrow_{name}"
+    spec.write_text(original.replace(old, new))
+    result = shimgen("build", spec, "--out", tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == f"shimgen: {spec}: {message}"
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of torch (CI has neither)")
+@pytest.mark.parametrize("spec_name,graphs,kwargs", [
+    # MiniLM-sized BERT (hidden 384, 6 layers, 12 heads), dynamic batch and sequence length.
+    ("hf.toml", ["bert"], "kwargs = { hidden = 384, layers = 6, heads = 12, intermediate = 1536, positions = 512 }\n"),
+    ("shapes.toml", ["cat_slices", "pairs", "topk"], ""),
+])
+def test_zoo_on_cuda(workdir: Path, spec_name: str, graphs: list[str], kwargs: str) -> None:
+    major, minor = torch.cuda.get_device_capability()
+    text = (workdir / "projects" / spec_name).read_text()
+    blocks = text.split("[[graph]]")
+    kept = [b for b in blocks[1:] if any(f'name = "{g}"' in b for g in graphs)]
+    if kwargs:
+        kept = [b.replace("inputs = [", kwargs + "inputs = [", 1) for b in kept]
+        kept = [b.replace("batch = { min = 1, max = 8 }, seq = { min = 2, max = 64 }", "batch = { min = 1, max = 16 }, seq = { min = 8, max = 128 }")
+                for b in kept]
+    name = spec_name.removesuffix(".toml") + "_cuda"
+    spec = workdir / "projects" / f"{name}.toml"
+    spec.write_text(re.sub(r'(?m)^name = ".*"$', f'name = "{name}"', blocks[0], count=1)
+                    + "".join("[[graph]]" + b for b in kept)
+                    + f'\n[[target]]\ndevice = "cpu"\n\n[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n')
+    report = check(spec, workdir)
+    assert {c["case"].split(":")[0] for c in report["comparisons"]} == {"cpu", "cuda"}
