@@ -10,5 +10,6 @@ PYTHON="${PYTHON:-python3}"
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "torch==${TORCH_VERSION}"
 "${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja jinja2 packaging numpy pytest hypothesis "transformers==5.23.0"
-"${pip[@]}" --no-build-isolation --no-deps --force-reinstall .
+# meson-python looks meson up on PATH unless told; the venv's is not on PATH (nothing is activated).
+MESON="$PWD/.venv/bin/meson" NINJA="$PWD/.venv/bin/ninja" "${pip[@]}" --no-build-isolation --no-deps --force-reinstall .
 echo "setup: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), $(.venv/bin/shimgen --help >/dev/null && echo 'shimgen installed')"

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.slow
 def check(spec: Path, out: Path) -> dict[str, Any]:
     result = shimgen("check", spec, "--out", out, "--json")
     assert "Traceback" not in result.stderr
+    assert result.stdout, result.stderr
     report = json.loads(result.stdout)
     print(f"\n{spec.name}:\n" + "\n".join(f"  {c['graph']:<12} {c['case']:<12} {c['output']:<28} max abs err {c['max_abs']:.3g}"
                                          for c in report["comparisons"]))
