@@ -63,8 +63,9 @@ def test_topk_indices_and_view_keep_their_types(built_shapes: dict[str, Any]) ->
      "graph[1].dims.rows: the model cannot take every size of 'rows' in [2, 64]: it needs (8*x.shape[0]) == (16*(x.shape[0] // 2)); "
      "write dims.rows = { min = 2, max = 64, multiple_of = 2 }"),
     # transformers takes another branch for a sequence of one token: found by running the smallest sizes.
+    # torch names whichever input of that size it picked for the guard.
     (("hf.toml", "seq = { min = 2, max = 64 }", "seq = { min = 1, max = 64 }"),
-     "graph[0].dims.seq: the model cannot take every size of 'seq' in [1, 64]: it needs input_ids.shape[1] > 1; "
+     "graph[0].dims.seq: the model cannot take every size of 'seq' in [1, 64]: it needs {input}.shape[1] > 1; "
      "write dims.seq = { min = 2, max = 64 }"),
 ])
 def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Path, edit: tuple[str, str, str], message: str) -> None:
@@ -75,7 +76,8 @@ def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Pat
     spec.write_text(original.replace(old, new))
     result = shimgen("build", spec, "--out", tmp_path)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == f"shimgen: {spec}: {message}"
+    pattern = re.escape(f"shimgen: {spec}: {message}").replace(re.escape("{input}"), "(input_ids|attention_mask|token_type_ids)")
+    assert re.fullmatch(pattern, result.stderr.strip().splitlines()[-1]), result.stderr
     assert "Traceback" not in result.stderr
 
 
