@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .entry import call_model, example_sizes, load_model, make_inputs
+from .entry import call_model, example_sizes, load_model, make_inputs, project_scope
 from .spec import Graph, ProjectSpec
 from .trace import describe_type, node_parts
 
@@ -45,24 +45,26 @@ def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path) -> list[Compar
         sys.path.remove(str(package_dir))
     rows = []
     devices = [t.device for t in spec.target if t.device == "cpu" or torch.cuda.is_available()]
-    for device, (i, graph) in ((d, g) for d in devices for g in enumerate(spec.graph)):
-        model = load_model(graph, f"graph[{i}]", spec_dir)
-        if isinstance(model, torch.nn.Module):
-            model = model.to(device)
-        compiled = getattr(pkg, graph.name)
-        for n, (label, sizes) in enumerate(cases(graph)):
-            inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed + n)]
-            label = label if len(spec.target) == 1 else f"{device}: {label}"
-            with torch.no_grad():
-                expected = call_model(model, graph, inputs)
-                got = call_model(compiled, graph, inputs)
-            try:
-                pairs = _tensor_pairs(expected, got, spec_dir)
-            except StructureMismatch as exc:
-                rows.append(Comparison(graph.name, label, f"structure: {exc}", float("inf"), float("inf"), False))
-                continue
-            for path, want, have in pairs:
-                rows.append(_compare_tensors(graph, label, path, want, have))
+    # The models' modules, and the types of their outputs, stay importable while they run.
+    with project_scope(spec_dir):
+        for device, (i, graph) in ((d, g) for d in devices for g in enumerate(spec.graph)):
+            model = load_model(graph, f"graph[{i}]", spec_dir)
+            if isinstance(model, torch.nn.Module):
+                model = model.to(device)
+            compiled = getattr(pkg, graph.name)
+            for n, (label, sizes) in enumerate(cases(graph)):
+                inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed + n)]
+                label = label if len(spec.target) == 1 else f"{device}: {label}"
+                with torch.no_grad():
+                    expected = call_model(model, graph, inputs)
+                    got = call_model(compiled, graph, inputs)
+                try:
+                    pairs = _tensor_pairs(expected, got, spec_dir)
+                except StructureMismatch as exc:
+                    rows.append(Comparison(graph.name, label, f"structure: {exc}", float("inf"), float("inf"), False))
+                    continue
+                for path, want, have in pairs:
+                    rows.append(_compare_tensors(graph, label, path, want, have))
     return rows
 
 

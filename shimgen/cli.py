@@ -13,7 +13,14 @@ import time
 import traceback
 from pathlib import Path
 
+from . import probe, toolchain
+from .check import compare
 from .errors import BuildError, UserError
+from .files import exclusive
+from .pipeline import Layout, build
+from .spec import load_spec
+from .spec.schema import json_schema, markdown_reference
+from .toolchain.cuda import detect_cuda, torch_cuda_version
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,8 +138,6 @@ def _progress(stage: str, message: str) -> None:
 
 
 def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True):  # type: ignore[no-untyped-def]
-    from .pipeline import build
-
     return build(args.spec, args.out, force=force, use_cache=use_cache, progress=_progress)
 
 
@@ -161,9 +166,6 @@ def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .check import compare
-    from .spec import load_spec
-
     started = time.monotonic()
     result = _run_build(args)
     spec = load_spec(args.spec)
@@ -187,11 +189,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _clean(args: argparse.Namespace) -> int:
-    from .spec import load_spec
-
-    from .files import exclusive
-    from .pipeline import Layout
-
     name = load_spec(args.spec).project.name
     layout = Layout.of(args.spec, args.out, name)
     removed = []
@@ -207,8 +204,6 @@ def _clean(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from . import toolchain
-
     tc = toolchain.detect()
     print(f"python:         {tc.python} ({tc.python_version})")
     print(f"torch:          {tc.torch_version}, headers {tc.torch_includes[0]}, libraries {tc.torch_lib}")
@@ -219,7 +214,7 @@ def _doctor(args: argparse.Namespace) -> int:
     print("compilers (probe: build a torch extension with the project's Meson setup, load it in a subprocess):")
     chosen = None
     for cxx in toolchain.candidate_compilers():
-        verdict = toolchain.prove(toolchain.detect(cxx), toolchain.cache_dir(), refresh=args.refresh)
+        verdict = probe.prove(toolchain.detect(cxx), toolchain.cache_dir(), refresh=args.refresh)
         chosen = chosen or (cxx if verdict.ok else None)
         print(f"  {'ok  ' if verdict.ok else 'FAIL'} {cxx} ({verdict.identity}): {verdict.reason}")
     print(f"selected:       {chosen or 'none: set CXX to a compiler that builds loadable torch extensions'}")
@@ -228,9 +223,6 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _cuda_line() -> str:
-    from .errors import UserError
-    from .toolchain.cuda import detect_cuda, torch_cuda_version
-
     try:
         cuda = detect_cuda()
     except UserError as exc:
@@ -243,7 +235,5 @@ def _cuda_line() -> str:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from .spec.schema import json_schema, markdown_reference
-
     print(json.dumps(json_schema(), indent=2) if args.format == "json" else markdown_reference())
     return 0

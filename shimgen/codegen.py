@@ -19,15 +19,20 @@ import json
 import logging
 import os
 import re
+import shutil
+import sys
 import tempfile
 import textwrap
 import zipfile
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from unittest import mock
 
 from .errors import UserError
+from .files import replace_dir, source_hash, stage_key
+from .results import CodegenResult, TraceResult
 from .spec import Flags, Target
 
 KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>"
@@ -39,14 +44,6 @@ ISA_FLAGS = {
     "avx2": (256, ["-march=x86-64-v3"], "CPU_CAPABILITY_AVX2"),
     "default": (1, ["-march=x86-64"], None),
 }
-
-
-@dataclass
-class InductorFlags:
-    """How Inductor's code must be compiled: its defines and its math and ISA flags."""
-
-    defines: list[str]
-    inductor_args: list[str]
 
 
 def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> dict[str, Any]:
@@ -81,12 +78,20 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     return configs
 
 
-def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path) -> InductorFlags:
+def codegen_key(traced: TraceResult, target: Target, flags: Flags) -> str:
+    return stage_key(traced.key, traced.reads, target.isa, target.archs, inductor_configs(target, flags), flags.onednn, flags.split,
+                     source_hash(sys.modules[__name__]))
+
+
+def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
-    for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`."""
+    for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`. The directory is replaced whole, only on success."""
     import torch
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = out_dir.with_name(out_dir.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    program = torch.export.load(str(traced.program))
     with tempfile.TemporaryDirectory(prefix="shimgen-codegen-") as tmp:
         package = Path(tmp) / "model.pt2"
         try:
@@ -100,27 +105,35 @@ def generate(program: Any, target: Target, flags: Flags, cxx: str, out_dir: Path
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
             raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}") from exc
         files, ptx = _extract(package)
-    flags_json = json.loads(files[".wrapper_compile_flags.json"])
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
     for k, text in enumerate(kernels):
-        (out_dir / f"kernels_{k}.cpp").write_text(text)
-    (out_dir / "interface.cpp").write_text(interface)
-    (out_dir / "model.cpp").write_text(model)
-    (out_dir / "weights.o").write_bytes(files[".weights.o"])
-    if target.device == "cuda":
-        _write_cuda_kernels(model, ptx, out_dir)
-    return InductorFlags(*_compile_flags(flags_json, target))
+        (staging / f"kernels_{k}.cpp").write_text(text)
+    (staging / "interface.cpp").write_text(interface)
+    (staging / "model.cpp").write_text(model)
+    (staging / "weights.o").write_bytes(files[".weights.o"])
+    ptx_names, triton_names = _write_cuda_kernels(model, ptx, staging) if target.device == "cuda" else ([], [])
+    defines, args = compile_flags(json.loads(files[".wrapper_compile_flags.json"]), target)
+    replace_dir(staging, out_dir)
+    return CodegenResult(
+        key, out_dir / "interface.cpp", out_dir / "model.cpp", tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
+        out_dir / "weights.o", tuple(out_dir / name for name in ptx_names), tuple(out_dir / "triton" / name for name in triton_names),
+        tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs,
+    )
 
 
-def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> None:
+def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> tuple[list[str], list[str]]:
+    """The PTX files and Triton sources written, by file name."""
     wanted = set(re.findall(r"loadKernel\(__(\w+)_start,", model))
     if wanted - set(ptx):
         raise UserError(f"Inductor left no PTX for kernels {', '.join(sorted(wanted - set(ptx)))}; this torch version is not supported")
     for name in sorted(wanted):
         (out_dir / f"{name}.ptx").write_bytes(ptx[name])
     (out_dir / "triton").mkdir()
+    triton = []
     for name, source in TRITON_SOURCE.findall(model):
         (out_dir / "triton" / f"{name}.py").write_text(textwrap.dedent(source))
+        triton.append(f"{name}.py")
+    return [f"{name}.ptx" for name in sorted(wanted)], sorted(set(triton))
 
 
 @contextmanager
@@ -131,17 +144,9 @@ def _private_inductor_cache(tmp: Path) -> Iterator[None]:
     gets a fresh Inductor cache; Triton's compile cache stays shared."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
-    os.environ["TRITON_CACHE_DIR"] = saved["TRITON_CACHE_DIR"] or os.path.join(cache_dir(), "triton", "0")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor")
-    try:
+    triton_cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(cache_dir(), "triton", "0")
+    with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @contextmanager
@@ -199,7 +204,8 @@ def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
     return interface, includes + model, ["".join(kernels[k] for k in sorted(b)) for b in bins]
 
 
-def _compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str], list[str]]:
+def compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str], list[str]]:
+    """(defines, compile args) of Inductor's code from its compile-flags JSON, for the spec's target."""
     defines = [d.strip() for d in flags_json["definitions"] if d.strip() and d.strip() != "TORCH_INDUCTOR_PRECOMPILE_HEADERS"]
     # Inductor's math flags decide numerics (e.g. -ffp-contract=off); keep them, drop opt/debug/warning/ISA choices.
     drop = re.compile(r"^(O\d|Os|g\d?|march=.*|std=.*|W.*|pedantic|fPIC|shared|fopenmp|DNDEBUG)$")

@@ -1,17 +1,22 @@
 """The user's side of a graph: import its entry, build the model, make inputs of given sizes.
 
 Every failure in user code becomes a SpecError naming the graph key and where in the user's
-file it happened.
+file it happened. The project's modules are imported inside `project_scope`, which leaves
+sys.path and sys.modules as it found them and records every project file read meanwhile.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import SpecError
 from .spec import Graph
@@ -19,12 +24,14 @@ from .spec import Graph
 
 def load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
     """The model in eval mode: an nn.Module, or the plain function the entry names."""
+    with project_scope(spec_dir):
+        return _load_model(graph, where, spec_dir)
+
+
+def _load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
     import torch
 
     module_name, _, attr = graph.entry.partition(":")
-    if str(spec_dir) not in sys.path:
-        sys.path.insert(0, str(spec_dir))
-    _forget_project_modules(spec_dir)  # so that project_modules() sees exactly this entry's imports
     try:
         target: Any = importlib.import_module(module_name)
     except (Exception, SystemExit) as exc:
@@ -49,19 +56,80 @@ def load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
     raise SpecError("", f"{where}.entry", f"'{graph.entry}' returned {type(model).__name__}, not an nn.Module or function")
 
 
-def _forget_project_modules(spec_dir: Path) -> None:
-    for name, module in list(sys.modules.items()):
-        if _under(getattr(module, "__file__", None), spec_dir):
+_scopes: list[tuple[Path, set[Path]]] = []  # the open project scopes: (spec dir, files read under it)
+
+
+@contextmanager
+def project_scope(spec_dir: Path) -> Iterator[set[Path]]:
+    """Import from `spec_dir` for the duration of the block, freshly (the project's modules imported
+    before are set aside, so each is imported and seen again), and collect the files under it that
+    are opened meanwhile: modules and whatever the model reads through Python. Afterwards sys.path
+    and sys.modules are as they were. Nested scopes for one directory share the outer one."""
+    spec_dir = spec_dir.resolve()
+    for directory, reads in _scopes:
+        if directory == spec_dir:
+            yield reads
+            return
+    _watch_opens()
+    saved_path = list(sys.path)
+    set_aside = _project_modules(spec_dir)
+    for name in set_aside:
+        del sys.modules[name]
+    sys.path.insert(0, str(spec_dir))
+    reads: set[Path] = set()
+    _scopes.append((spec_dir, reads))
+    try:
+        yield reads
+    finally:
+        _scopes.remove((spec_dir, reads))
+        for name, module in _project_modules(spec_dir).items():
+            reads.add(Path(module.__file__).resolve())  # type: ignore[arg-type]
             del sys.modules[name]
+        sys.modules.update(set_aside)
+        sys.path[:] = saved_path
 
 
-def project_modules(spec_dir: Path) -> list[Path]:
-    """Source files of the imported modules that live under the spec's directory."""
-    return sorted({Path(m.__file__).resolve() for m in list(sys.modules.values()) if _under(getattr(m, "__file__", None), spec_dir)})
+def _project_modules(spec_dir: Path) -> dict[str, Any]:
+    return {name: m for name, m in list(sys.modules.items()) if _under(getattr(m, "__file__", None), spec_dir)}
 
 
 def _under(path: str | None, directory: Path) -> bool:
-    return bool(path) and Path(path).resolve().is_relative_to(directory.resolve())
+    return bool(path) and Path(path).resolve().is_relative_to(directory)
+
+
+def _watch_opens() -> None:
+    """Install, once per process, the audit hook that tells the open scopes what is opened under them."""
+    global _watching
+    if not _watching:
+        sys.addaudithook(_on_audit_event)
+        _watching = True
+
+
+_watching = False
+
+
+def _on_audit_event(event: str, args: tuple[Any, ...]) -> None:
+    if event != "open" or not _scopes:
+        return
+    try:
+        _record_read(*args)
+    except Exception:  # an exception here would fail the user's open()
+        pass
+
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def _record_read(file: Any, mode: str | None, flags: int) -> None:
+    if not isinstance(file, (str, bytes, os.PathLike)) or (mode and set(mode) & set("wax+")) or (mode is None and flags & _WRITE_FLAGS):
+        return
+    path = Path(os.fsdecode(file))
+    if path.suffix == ".pyc":  # a module imported from the bytecode cache: its source is what matters
+        path = Path(importlib.util.source_from_cache(str(path)))
+    path = path.resolve()
+    for directory, reads in _scopes:
+        if path.is_relative_to(directory) and path.is_file() and not {"site-packages", "dist-packages"} & set(path.parts):
+            reads.add(path)
 
 
 def _is_model_function(target: Any, graph: Graph) -> bool:

@@ -1,14 +1,36 @@
-"""Atomic file updates and file locks: a failed or interrupted stage never leaves a half-written
-output, and builds that run at once never write the same files together."""
+"""Atomic file updates, file locks and content keys: a failed or interrupted stage never leaves a
+half-written output, builds that run at once never write the same files together, and a stage's
+key changes exactly when what it depends on does."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+
+def stage_key(*parts: Any) -> str:
+    """A hash of JSON-able parts."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def file_hash(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return "missing"
+
+
+def source_hash(module: ModuleType) -> str:
+    """The hash of a shimgen module's source: a stage's key changes with the code that runs it."""
+    return file_hash(Path(module.__file__ or ""))
 
 
 def write_if_changed(path: Path, content: str | bytes) -> bool:

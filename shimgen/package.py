@@ -6,40 +6,33 @@ a fresh interpreter, so a build that reports success always leaves a package tha
 from __future__ import annotations
 
 import shutil
-import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
 
 from .errors import BuildError
 from .files import replace_dir
+from .meson import build_wheel
+from .process import run
+from .results import PackageResult
 from .toolchain import Toolchain
 
-_BUILD_WHEEL = "import sys, mesonpy; print(mesonpy.build_wheel(sys.argv[1], {'build-dir': sys.argv[2]}))"
 _IMPORT = "import sys; sys.path.insert(0, sys.argv[1]); import importlib; importlib.import_module(sys.argv[2])"
 
 
-def build_and_unpack(source: Path, build: Path, dist: Path, site: Path, name: str, tc: Toolchain, launcher: str | None) -> Path:
+def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name: str, tc: Toolchain, launcher: str | None,
+                     key: str) -> PackageResult:
     """The wheel in `dist` and its contents in `site` (a directory that can go on sys.path)."""
     dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
-        wheel = _build_wheel(source, build, Path(tmp), tc, launcher)
+        wheel = build_wheel(source, build_dir, Path(tmp), tc, launcher)
         staging = site.with_name(site.name + ".new")
         _unpack(wheel, staging)
         _check_imports(staging, name, tc)
         final = dist / wheel.name
         wheel.replace(final)
         replace_dir(staging, site)
-    return final
-
-
-def _build_wheel(source: Path, build: Path, out: Path, tc: Toolchain, launcher: str | None) -> Path:
-    """meson-python, without build isolation, reusing the compile stage's build directory."""
-    result = subprocess.run([tc.python, "-c", _BUILD_WHEEL, str(out), str(build)], cwd=source, env=tc.env(launcher),
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError("meson-python could not build the wheel:\n" + "\n".join((result.stdout + result.stderr).strip().splitlines()[-20:]))
-    return out / result.stdout.strip().splitlines()[-1]
+    return PackageResult(key, final, site)
 
 
 def _unpack(wheel: Path, staging: Path) -> None:
@@ -51,9 +44,8 @@ def _unpack(wheel: Path, staging: Path) -> None:
 
 
 def _check_imports(staging: Path, name: str, tc: Toolchain) -> None:
-    result = subprocess.run([tc.python, "-c", _IMPORT, str(staging), name], capture_output=True, text=True)
-    if result.returncode != 0:
+    imported = run([tc.python, "-c", _IMPORT, str(staging), name])
+    if not imported.ok:
         shutil.rmtree(staging, ignore_errors=True)
-        crash = f" (it crashed with signal {-result.returncode})" if result.returncode < 0 else ""
-        last = (result.stderr.strip().splitlines() or [""])[-1]
-        raise BuildError(f"the built package '{name}' does not import{crash}; the previous package is left in place: {last}")
+        crash = f" (it crashed with signal {imported.signal})" if imported.signal else ""
+        raise BuildError(f"the built package '{name}' does not import{crash}; the previous package is left in place: {imported.tail(1)}")

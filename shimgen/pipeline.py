@@ -1,5 +1,6 @@
-"""The build: spec → trace → codegen → render → compile → package, each stage skipped when its key
-(a hash of what it depends on) matches the last successful run recorded in state.json.
+"""The build: spec → trace → codegen → prebuilt → render → compile → package. Each stage takes the
+typed results of the ones before it (shimgen/results.py) and is skipped when state.json holds its
+result under the same key.
 
 Outputs under <out>/build/<name>/: trace/, codegen/, project/ (generated Meson project), meson/
 (build directory), site/ (the unpacked wheel: importable); wheels go to <out>/dist/.
@@ -7,27 +8,24 @@ Outputs under <out>/build/<name>/: trace/, codegen/, project/ (generated Meson p
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from . import build as compile_stage
-from . import codegen, entry, package, render, toolchain, trace
+from . import codegen, meson, package, prebuilt, probe, render, toolchain, trace
 from .errors import SpecError, UserError
-from .files import exclusive, replace_dir, write_if_changed
-from .render import GraphSources
+from .files import exclusive, file_hash, stage_key
+from .results import CodegenResult, CompileResult, PackageResult, RenderedProject, Stamp, TraceResult, Unit, unit_name
 from .spec import Graph, ProjectSpec, Target, load_spec
+from .state import State
+from .toolchain import Toolchain
 from .toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
-from .toolchain.prebuilt import ensure_prebuilt
 
 Progress = Callable[[str, str], None]
-CHECK_ONLY_FIELDS = ("atol", "rtol")  # used by `shimgen check`, not by the build
 
 
 @dataclass
@@ -58,7 +56,7 @@ class BuildOutput:
         }
 
 
-@dataclass
+@dataclass(frozen=True)
 class Layout:
     spec_path: Path
     root: Path
@@ -67,6 +65,18 @@ class Layout:
     @classmethod
     def of(cls, spec_path: Path, out: Path, name: str) -> Layout:
         return cls(spec_path, out / "build" / name, out / "dist")
+
+    @property
+    def spec_dir(self) -> Path:
+        return self.spec_path.parent.resolve()
+
+    @property
+    def project(self) -> Path:
+        return self.root / "project"
+
+    @property
+    def meson(self) -> Path:
+        return self.root / "meson"
 
     @property
     def site(self) -> Path:
@@ -81,83 +91,79 @@ class Layout:
         return self.root.with_name(f".{self.root.name}.lock")
 
 
+@dataclass(frozen=True)
+class Tools:
+    """The proved toolchain, the CUDA half where a target needs it, and the compiler cache."""
+
+    tc: Toolchain
+    cuda: CudaToolchain | None
+    launcher: str | None
+
+    @property
+    def key(self) -> str:
+        """What a Meson build directory keeps from its configuration."""
+        return stage_key(self.tc.key, self.launcher, self.cuda.nvcc if self.cuda else None)
+
+
+class Timeline:
+    """Seconds per stage (summed over units) and the units skipped as up to date, reported as they happen."""
+
+    def __init__(self, report: Progress) -> None:
+        self.report = report
+        self.seconds: dict[str, float] = {}
+        self.skipped: list[str] = []
+
+    @contextmanager
+    def stage(self, name: str, detail: str = "") -> Iterator[None]:
+        self.report(name, f"{detail} ..." if detail else "...")
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - start
+        done = f"done in {time.monotonic() - start:.1f}s"
+        self.report(name, f"{detail} {done}" if detail else done)
+
+
 def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = True, progress: Progress | None = None) -> BuildOutput:
+    report = progress or (lambda stage, msg: None)
     try:
-        return _build(spec_path, out, force, use_cache, progress or (lambda stage, msg: None))
+        spec = load_spec(spec_path)
+        layout = Layout.of(spec_path, out.resolve(), spec.project.name)
+        # One build of a project per output directory at a time; the per-user caches have locks of their own.
+        with exclusive(layout.lock_file, lambda msg: report("lock", msg)):
+            return _build(spec, layout, force, use_cache, report)
     except SpecError as exc:
         exc.file = exc.file or str(spec_path)
         raise
 
 
-def _build(spec_path: Path, out: Path, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
-    spec = load_spec(spec_path)
-    layout = Layout.of(spec_path, out.resolve(), spec.project.name)
-    # One build of a project per output directory at a time; the per-user caches have locks of their own.
-    with exclusive(layout.lock_file, lambda msg: report("lock", msg)):
-        return _build_locked(spec, spec_path, layout, force, use_cache, report)
+def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
+    timeline, state = Timeline(report), State(layout.state_file, fresh=force)
+    with timeline.stage("toolchain"):
+        tools = _tools(spec, use_cache, report)
+    _keep_meson_dir_if_configured_for(tools, layout, state)
+    units = [_generate(spec, i, graph, target, tools, layout, state, timeline) for target in spec.target for i, graph in enumerate(spec.graph)]
+    state.forget_all_but("unit:", {f"unit:{kind}:{u.name}" for u in units for kind in ("trace", "codegen")})
+    with timeline.stage("prebuilt"):
+        shared = {t.device: prebuilt.ensure(tools.tc, t, [u for u in units if u.target is t], spec.flags, lambda msg: report("prebuilt", msg))
+                  for t in spec.target}
+    with timeline.stage("render"):
+        project = render.render_project(spec, layout.spec_path.name, tools.tc, tools.cuda, units, shared, layout.project)
+    with timeline.stage("compile"):
+        compiled = meson.build(layout.project, layout.meson, tools.tc, f"the package '{spec.project.name}'", tools.launcher,
+                               lambda msg: report("compile", msg))
+    packaged = _package(spec, project, compiled, tools, layout, state, timeline)
+    return BuildOutput(spec.project.name, "+".join(render.target_id(t) for t in spec.target), packaged.wheel, packaged.site,
+                       [g.name for g in spec.graph], timeline.seconds, (compiled.units_done, compiled.units_total),
+                       sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5], timeline.skipped, tools.launcher)
 
 
-def _build_locked(spec: ProjectSpec, spec_path: Path, layout: Layout, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
-    layout.root.mkdir(parents=True, exist_ok=True)
-    state = {} if force else _load_state(layout.state_file)
-    targets = "+".join(render.target_id(t) for t in spec.target)
-    result = BuildOutput(spec.project.name, targets, Path(), layout.site, [g.name for g in spec.graph])
-
-    with _stage(result, "toolchain", report):
-        tc, verdicts = toolchain.select(lambda msg: report("toolchain", msg))
-        for failed in verdicts[:-1]:
-            report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
-        cuda = _cuda_toolchain(spec)
-    launcher = toolchain.compiler_cache() if use_cache else None
-    result.compiler_cache = launcher
-    meson_config = [tc.key, launcher, cuda.nvcc if cuda else None]
-    if state.get("meson_config") != meson_config:
-        # A Meson build directory keeps the compiler it was configured with. Trace and codegen
-        # records stay: their keys hold the torch version, and their output ignores the compiler.
-        shutil.rmtree(layout.root / "meson", ignore_errors=True)
-        state.pop("package_key", None)
-        state["meson_config"] = meson_config
-
-    units: list[GraphSources] = []
-    unit_state = state.setdefault("units", {})
-    for target in spec.target:
-        for i, graph in enumerate(spec.graph):
-            record = unit_state.setdefault(render.unit_name(graph, target), {})
-            units.append(_trace_and_codegen(spec, graph, f"graph[{i}]", target, tc, layout, record, result, report))
-            _save_state(layout.state_file, state)
-    for stale in set(unit_state) - {u.name for u in units}:
-        del unit_state[stale]
-
-    project_dir, meson_dir = layout.root / "project", layout.root / "meson"
-    prebuilt = {}
-    with _stage(result, "prebuilt", report):
-        for target in spec.target:
-            sources = [u for u in units if u.target is target]
-            interfaces = {(u.codegen_dir / "interface.cpp").read_bytes() for u in sources}
-            if len(interfaces) != 1:
-                raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
-            flags = spec.flags
-            prebuilt[target.device] = ensure_prebuilt(tc, target.device, render.inductor_args(sources[0].meta),
-                                                      flags.wrapper_opt, flags.kernel_opt, flags.pch, interfaces.pop(),
-                                                      lambda msg: report("prebuilt", msg))
-    with _stage(result, "render", report):
-        render.render_project(spec, spec_path.name, tc, cuda, units, prebuilt, project_dir)
-    with _stage(result, "compile", report):
-        compiled = compile_stage.compile_project(project_dir, meson_dir, tc, launcher, lambda msg: report("compile", msg))
-    result.compile_units = (compiled.units_done, compiled.units_total)
-    result.slowest_units = sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5]
-
-    package_key = _hash_files(sorted(meson_dir.glob("*.so")) + sorted(p for p in project_dir.rglob("*") if p.is_file()))
-    wheel = Path(state.get("wheel", ""))
-    if state.get("package_key") == package_key and wheel.is_file() and layout.site.is_dir():
-        result.skipped.append("package")
-    else:
-        with _stage(result, "package", report):
-            wheel = package.build_and_unpack(project_dir, meson_dir, layout.dist, layout.site, spec.project.name, tc, launcher)
-        state.update(package_key=package_key, wheel=str(wheel))
-        _save_state(layout.state_file, state)
-    result.wheel = wheel
-    return result
+def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
+    tc, verdicts = probe.select(lambda msg: report("toolchain", msg))
+    for failed in verdicts[:-1]:
+        report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
+    return Tools(tc, _cuda_toolchain(spec), toolchain.compiler_cache() if use_cache else None)
 
 
 def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
@@ -176,107 +182,62 @@ def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
     return None
 
 
-def _trace_and_codegen(
-    spec: ProjectSpec, graph: Graph, where: str, target: Target, tc: toolchain.Toolchain,
-    layout: Layout, record: dict[str, Any], result: BuildOutput, report: Progress,
-) -> GraphSources:
-    name = render.unit_name(graph, target)
-    trace_dir = layout.root / "trace"
-    codegen_dir = layout.root / "codegen" / name
-    spec_dir = layout.spec_path.parent.resolve()
-    trace_key = _trace_key(graph, target, tc, record.get("deps", {}))
-    codegen_key = _codegen_key(trace_key, spec, target)
-    meta_file = codegen_dir / "codegen.json"
-    if record.get("codegen_key") == codegen_key and meta_file.is_file():
-        result.skipped.append(f"trace:{name}")
-        result.skipped.append(f"codegen:{name}")
-        return GraphSources(graph, target, codegen_dir, json.loads(meta_file.read_text()))
+def _keep_meson_dir_if_configured_for(tools: Tools, layout: Layout, state: State) -> None:
+    """A Meson build directory keeps the compiler it was configured with. Trace and codegen
+    records stay: their keys hold the torch version, and their output ignores the compiler."""
+    if state.get(Stamp, "meson", tools.key) is None:
+        shutil.rmtree(layout.meson, ignore_errors=True)
+        state.forget("package")
+        state.commit("meson", Stamp(tools.key))
 
-    program_file = trace_dir / f"{name}.pt2"
-    trace_meta = trace_dir / f"{name}.json"
+
+def _generate(spec: ProjectSpec, index: int, graph: Graph, target: Target, tools: Tools, layout: Layout, state: State,
+              timeline: Timeline) -> Unit:
+    """One graph on one target traced and generated, or both taken from the last build when up to date."""
+    name, where = unit_name(graph, target), f"graph[{index}]"
+    key = trace.trace_key(graph, target, tools.tc, layout.spec_dir)
+    traced = state.get(TraceResult, f"unit:trace:{name}")
+    if traced is not None and trace.still_valid(traced, key):
+        timeline.skipped.append(f"trace:{name}")
+    else:
+        _require_gpu(spec, target)
+        with timeline.stage("trace", name):
+            traced = trace.trace(graph, where, layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2", key)
+        state.commit(f"unit:trace:{name}", traced)
+    key = codegen.codegen_key(traced, target, spec.flags)
+    generated = state.get(CodegenResult, f"unit:codegen:{name}", key)
+    if generated is not None:
+        timeline.skipped.append(f"codegen:{name}")
+        return Unit(graph, target, generated)
+    _require_gpu(spec, target)
+    with timeline.stage("codegen", name):
+        try:
+            generated = codegen.generate(traced, target, spec.flags, tools.tc.cxx, layout.root / "codegen" / name, key)
+        except SpecError:
+            raise
+        except UserError as exc:
+            raise SpecError("", where, str(exc)) from None
+    state.commit(f"unit:codegen:{name}", generated)
+    return Unit(graph, target, generated)
+
+
+def _require_gpu(spec: ProjectSpec, target: Target) -> None:
     import torch
 
     if target.device == "cuda" and not torch.cuda.is_available():
         raise SpecError("", f"target[{spec.target.index(target)}]",
                         "building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); torch sees none")
 
-    if record.get("trace_key") == trace_key and program_file.is_file() and trace_meta.is_file():
-        result.skipped.append(f"trace:{name}")
-        program = torch.export.load(str(program_file))
-        out_meta = json.loads(trace_meta.read_text())
-    else:
-        with _stage(result, "trace", report, name):
-            traced = trace.trace(graph, where, spec_dir, target.device)
-            deps = {str(path): _hash_file(path) for path in entry.project_modules(spec_dir)}
-            trace_dir.mkdir(parents=True, exist_ok=True)
-            torch.export.save(traced.program, str(program_file))
-            program = traced.program
-            out_meta = {"out_nodes": [dataclasses.asdict(n) for n in traced.out_nodes], "num_outputs": traced.num_outputs}
-            write_if_changed(trace_meta, json.dumps(out_meta))
-        record.clear()
-        record.update(deps=deps, trace_key=_trace_key(graph, target, tc, deps))
-        codegen_key = _codegen_key(record["trace_key"], spec, target)
 
-    with _stage(result, "codegen", report, name):
-        staging = codegen_dir.with_name(name + ".new")
-        shutil.rmtree(staging, ignore_errors=True)
-        try:
-            compile_flags = codegen.generate(program, target, spec.flags, tc.cxx, staging)
-        except UserError as exc:
-            raise SpecError("", where, str(exc)) from None
-        meta = {**out_meta, **dataclasses.asdict(compile_flags)}
-        (staging / "codegen.json").write_text(json.dumps(meta, indent=1))
-        replace_dir(staging, codegen_dir)
-    record["codegen_key"] = codegen_key
-    return GraphSources(graph, target, codegen_dir, meta)
-
-
-def _codegen_key(trace_key: str, spec: ProjectSpec, target: Target) -> str:
-    return _key(trace_key, dataclasses.asdict(target), codegen.inductor_configs(target, spec.flags), spec.flags.split, _source_of(codegen))
-
-
-def _trace_key(graph: Graph, target: Target, tc: toolchain.Toolchain, deps: dict[str, str]) -> str:
-    current = {path: _hash_file(Path(path)) for path in deps}
-    section = {k: v for k, v in dataclasses.asdict(graph).items() if k not in CHECK_ONLY_FIELDS}
-    return _key(section, target.device, tc.torch_version, current, _source_of(trace), _source_of(entry))
-
-
-def _source_of(module: Any) -> str:
-    return _hash_file(Path(module.__file__))
-
-
-def _hash_file(path: Path) -> str:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
-        return "missing"
-
-
-def _hash_files(paths: list[Path]) -> str:
-    return _key([(p.name, _hash_file(p)) for p in paths])
-
-
-def _key(*parts: Any) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _load_state(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _save_state(path: Path, state: dict[str, Any]) -> None:
-    write_if_changed(path, json.dumps(state, indent=1, sort_keys=True))
-
-
-@contextmanager
-def _stage(result: BuildOutput, name: str, report: Progress, detail: str = "") -> Iterator[None]:
-    report(name, f"{detail} ..." if detail else "...")
-    start = time.monotonic()
-    try:
-        yield
-    finally:
-        result.stages[name] = result.stages.get(name, 0.0) + time.monotonic() - start
-    report(name, f"{detail} done in {time.monotonic() - start:.1f}s" if detail else f"done in {time.monotonic() - start:.1f}s")
+def _package(spec: ProjectSpec, project: RenderedProject, compiled: CompileResult, tools: Tools, layout: Layout, state: State,
+             timeline: Timeline) -> PackageResult:
+    key = stage_key(project.key, [(p.name, file_hash(p)) for p in compiled.extensions])
+    packaged = state.get(PackageResult, "package", key)
+    if packaged is not None:
+        timeline.skipped.append("package")
+        return packaged
+    with timeline.stage("package"):
+        packaged = package.build_and_unpack(layout.project, layout.meson, layout.dist, layout.site, spec.project.name, tools.tc,
+                                            tools.launcher, key)
+    state.commit("package", packaged)
+    return packaged

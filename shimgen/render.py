@@ -6,7 +6,7 @@ Files are written only when their content changes, so ninja rebuilds only what r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -14,37 +14,14 @@ import jinja2
 
 from . import escape
 from .files import write_if_changed
-from .spec import Graph, ProjectSpec, Target
+from .results import OBJECT, OutNode, OutType, Prebuilt, RenderedProject, Unit
+from .spec import Flags, Graph, ProjectSpec, Target
+from .spec.model import SCALAR_TYPES
 from .toolchain import Toolchain
 from .toolchain.cuda import CudaToolchain
-from .toolchain.prebuilt import Prebuilt
-from .trace import OBJECT
 
 TEMPLATES = Path(__file__).parent / "templates"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
-SCALAR_TYPES = {
-    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
-    "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
-}
-
-
-@dataclass
-class GraphSources:
-    """What codegen left for one graph on one target: its directory, and the facts the binding needs."""
-
-    graph: Graph
-    target: Target
-    codegen_dir: Path
-    meta: dict[str, Any]  # codegen.json: out_nodes, num_outputs, defines, inductor_args
-
-    @property
-    def name(self) -> str:
-        return unit_name(self.graph, self.target)
-
-
-def unit_name(graph: Graph, target: Target) -> str:
-    """One graph compiled for one target: its sources dir, codegen dir and extension module `_<unit>`."""
-    return f"{graph.name}_{target.device}"
 
 
 def _env() -> jinja2.Environment:
@@ -67,10 +44,10 @@ def render_probe(tc: Toolchain, out: Path) -> None:
         write_if_changed(out / Path(name).name, (TEMPLATES / name).read_bytes())
 
 
-def render_prebuilt(tc: Toolchain, device: str, inductor_args: list[str], wrapper_opt: str, kernel_opt: str, pch: bool,
-                    interface: bytes, out: Path) -> None:
+def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, out: Path) -> None:
     env = _env()
-    context = {"tc": tc, "inductor_args": inductor_args, "wrapper_opt": OPT[wrapper_opt], "kernel_opt": OPT[kernel_opt], "pch": pch}
+    context = {"tc": tc, "inductor_args": compile_args, "wrapper_opt": OPT[flags.wrapper_opt], "kernel_opt": OPT[flags.kernel_opt],
+               "pch": flags.pch}
     write_if_changed(out / "meson.build", env.get_template("prebuilt/meson.build.j2").render(context))
     write_if_changed(out / "aoti_interface.cpp", interface)
     write_if_changed(out / "empty.cpp", "")
@@ -79,10 +56,9 @@ def render_prebuilt(tc: Toolchain, device: str, inductor_args: list[str], wrappe
 
 
 def render_project(
-    spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, units: list[GraphSources],
-    prebuilt: dict[str, Prebuilt], out: Path,
-) -> list[Path]:
-    """Write the generated Meson project into `out`; returns every file it consists of."""
+    spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, units: list[Unit], prebuilt: dict[str, Prebuilt], out: Path,
+) -> RenderedProject:
+    """Write the generated Meson project into `out`."""
     env = _env()
     name = spec.project.name
     files: dict[Path, str | bytes] = {}
@@ -91,22 +67,22 @@ def render_project(
     unit_context = []
     for u in units:
         src = out / "src" / u.name
-        kernels = sorted(p.name for p in u.codegen_dir.glob("kernels_*.cpp"))
-        ptx = sorted(p.name for p in u.codegen_dir.glob("*.ptx"))
-        triton = sorted(p.name for p in (u.codegen_dir / "triton").glob("*.py"))
-        for part in ["model.cpp", "weights.o", *kernels, *ptx, *(f"triton/{t}" for t in triton)]:
-            files[src / part] = (u.codegen_dir / part).read_bytes()
+        code = u.code
+        for path in (code.model, code.weights, *code.kernels, *code.ptx):
+            files[src / path.name] = path.read_bytes()
+        for path in code.triton:
+            files[src / "triton" / path.name] = path.read_bytes()
         cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
         files[src / "binding.cpp"] = binding.render(_binding_context(u, tc, spec, target_ids, cuda_graphs))
-        unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "kernels": kernels,
-                             "cuda_kernels": [Path(p).stem for p in ptx], "triton": triton, "cuda_graphs": cuda_graphs})
+        unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "kernels": [p.name for p in code.kernels],
+                             "cuda_kernels": [p.stem for p in code.ptx], "triton": [p.name for p in code.triton], "cuda_graphs": cuda_graphs})
     targets = []
     for t in spec.target:
         built = prebuilt[t.device]
         targets.append({
             "device": t.device,
             "archs": t.archs,
-            "inductor_args": inductor_args(next(u.meta for u in units if u.target is t)),
+            "inductor_args": next(u.code.compile_args for u in units if u.target is t),
             "interface_lib": str(built.interface_lib),
             "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
             "kernel_pch_args": ["-include", str(built.kernel_pch), "-Winvalid-pch"] if built.kernel_pch else [],
@@ -126,26 +102,25 @@ def render_project(
         "targets": targets,
         "units": unit_context,
         "graphs": [g.name for g in spec.graph],
-        "docstrings": {g.name: docstring(g, next(u.meta for u in units if u.graph is g)["out_nodes"]) for g in spec.graph},
+        "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g)) for g in spec.graph},
     }
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
     files[out / name / "__init__.py"] = env.get_template("project/__init__.py.j2").render(context)
     runtime = ["shimgen_runtime.h"] + (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
-    for name in runtime:
-        files[out / "src" / name] = (TEMPLATES / "project" / name).read_text()
+    for runtime_file in runtime:
+        files[out / "src" / runtime_file] = (TEMPLATES / "project" / runtime_file).read_text()
     for path, content in files.items():
         write_if_changed(path, content)
     _remove_stale(out, set(files))
-    return list(files)
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        content = files[path]
+        digest.update(f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content))
+    return RenderedProject(digest.hexdigest(), out, tuple(sorted(files)))
 
 
-def inductor_args(meta: dict[str, Any]) -> list[str]:
-    """Compile arguments of Inductor's code: its defines, math flags and the target's ISA."""
-    return [f"-D{d}" for d in meta["defines"]] + meta["inductor_args"]
-
-
-def _binding_context(u: GraphSources, tc: Toolchain, spec: ProjectSpec, target_ids: str, cuda_graphs: bool) -> dict[str, Any]:
+def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str, cuda_graphs: bool) -> dict[str, Any]:
     graph = u.graph
     dim_index = {name: k for k, name in enumerate(graph.dims)}
     inputs = []
@@ -169,19 +144,20 @@ def _binding_context(u: GraphSources, tc: Toolchain, spec: ProjectSpec, target_i
         "num_positional": sum(1 for inp in graph.inputs if not inp.keyword),
         "max_rank": max(1, max(len(inp.shape) for inp in graph.inputs)),
         "dims": [{"name": n, "min": d.min, "max": d.max, "multiple_of": d.multiple_of} for n, d in graph.dims.items()],
-        "out_nodes": _out_node_table(u.meta["out_nodes"]),
-        "out_objects": _out_object_table(u.meta["out_nodes"]),
-        "max_object_args": max([1] + [n["arity"] + len(n["type"]["dropped"]) for n in u.meta["out_nodes"] if n["kind"] == OBJECT]),
-        "num_outputs": u.meta["num_outputs"],
+        "out_nodes": _out_node_table(u.code.out_nodes),
+        "out_objects": _out_object_table(u.code.out_nodes),
+        "max_object_args": max([1] + [n.arity + len(n.type.dropped) for n in u.code.out_nodes if n.type]),
+        "num_outputs": u.code.num_outputs,
+        "dtypes": [{"scalar_type": scalar, "name": f"torch.{dtype}"} for dtype, scalar in SCALAR_TYPES.items()],
         # A captured graph replays one model instance; more would only hold more memory.
         "num_models": 1 if cuda_graphs else spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
         "has_last_error": tc.has_last_error,
-        "docstring": docstring(graph, u.meta["out_nodes"]),
+        "docstring": docstring(graph, u.code.out_nodes),
     }
 
 
-def docstring(graph: Graph, out_nodes: list[dict[str, Any]]) -> str:
+def docstring(graph: Graph, out_nodes: tuple[OutNode, ...]) -> str:
     positional = [i.name for i in graph.inputs if not i.keyword]
     keyword = [i.name for i in graph.inputs if i.keyword]
     params = ", ".join(positional + (["*"] + keyword if keyword else []))
@@ -194,7 +170,7 @@ def docstring(graph: Graph, out_nodes: list[dict[str, Any]]) -> str:
         lines.append("Dynamic dims:")
         lines += [f"  {name}: {d.min}..{d.max}" for name, d in graph.dims.items()]
     notes = _type_notes(out_nodes)
-    if len(notes) == 1 and out_nodes[0]["kind"] == OBJECT:
+    if len(notes) == 1 and out_nodes[0].kind == OBJECT:
         lines.append(f"Returns: {_structure_text(out_nodes)}: {notes[0][1]}")
     else:
         lines.append(f"Returns: {_structure_text(out_nodes)}")
@@ -202,56 +178,54 @@ def docstring(graph: Graph, out_nodes: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _structure_text(nodes: list[dict[str, Any]]) -> str:
+def _structure_text(nodes: tuple[OutNode, ...]) -> str:
     pos = 0
 
     def visit(parent_kind: int) -> str:
         nonlocal pos
         node = nodes[pos]
         pos += 1
-        children = [visit(node["kind"]) for _ in range(node["arity"])]
-        kind = node["kind"]
+        children = [visit(node.kind) for _ in range(node.arity)]
+        kind = node.kind
         joined = ", ".join(children)
-        if kind == OBJECT:
-            text = f"{_type_name(node['type'])}({joined})"
+        if node.type:
+            text = f"{node.type.name}({joined})"
         else:
             text = ["Tensor", f"({joined}{',' if len(children) == 1 else ''})", f"[{joined}]", "{" + joined + "}", "None"][kind]
-        if node["key"] is None:
+        if node.key is None:
             return text
-        return f"{node['key']}: {text}" if parent_kind == OBJECT else f"{node['key']!r}: {text}"
+        return f"{node.key}: {text}" if parent_kind == OBJECT else f"{node.key!r}: {text}"
 
     return visit(-1)
 
 
-def _type_name(out_type: dict[str, Any]) -> str:
-    return out_type["qualname"].rpartition(".")[2]
-
-
-def _type_notes(nodes: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def _type_notes(nodes: tuple[OutNode, ...]) -> list[tuple[str, str]]:
     """(name, what the callable returns for it) for each type of the output's OBJECT nodes."""
     notes: dict[tuple[str, str], str] = {}
-    for t in (n["type"] for n in nodes if n["kind"] == OBJECT):
-        full = f"{t['module']}.{t['qualname']}"
-        fallback = {"namedtuple": f"a namedtuple {_type_name(t)} of the same fields", "dict": "a dict in field order",
-                    "tuple": "a tuple"}[t["fallback"]]
-        notes.setdefault((_type_name(t), full), f"a {full} when that is importable, else {fallback}" if t["construct"]
-                         else f"{fallback} ({full} {t['reason']})")
+    for t in _types(nodes):
+        full = f"{t.module}.{t.qualname}"
+        fallback = {"namedtuple": f"a namedtuple {t.name} of the same fields", "dict": "a dict in field order", "tuple": "a tuple"}[t.fallback]
+        notes.setdefault((t.name, full), f"a {full} when that is importable, else {fallback}" if t.construct else f"{fallback} ({full} {t.reason})")
     return [(name, note) for (name, _), note in notes.items()]
 
 
-def _out_node_table(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _types(nodes: tuple[OutNode, ...]) -> list[OutType]:
+    return [n.type for n in nodes if n.type]
+
+
+def _out_node_table(nodes: tuple[OutNode, ...]) -> list[dict[str, Any]]:
     """The binding's kOutNodes: each OBJECT node with its index in kOutObjects."""
     objects = iter(range(len(nodes)))
-    return [{**n, "int_key": int(isinstance(n["key"], int)), "object": next(objects) if n["kind"] == OBJECT else -1} for n in nodes]
+    return [{"kind": n.kind, "arity": n.arity, "key": n.key, "int_key": int(isinstance(n.key, int)),
+             "object": next(objects) if n.type else -1} for n in nodes]
 
 
-def _out_object_table(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _out_object_table(nodes: tuple[OutNode, ...]) -> list[dict[str, Any]]:
     """The binding's kOutObjects: the OBJECT nodes' types in preorder (binding.cpp.j2's Construct, Fallback)."""
     construct = {None: 0, "positional": 1, "keyword": 2, "sequence": 3}
     fallback = {"namedtuple": 0, "dict": 1, "tuple": 2}
-    return [{**n["type"], "name": _type_name(n["type"]), "fields": n["type"]["fields"] or [],
-             "construct_id": construct[n["type"]["construct"]], "fallback_id": fallback[n["type"]["fallback"]]}
-            for n in nodes if n["kind"] == OBJECT]
+    return [{"module": t.module, "qualname": t.qualname, "name": t.name, "fields": list(t.fields or ()), "dropped": list(t.dropped),
+             "construct_id": construct[t.construct], "fallback_id": fallback[t.fallback]} for t in _types(nodes)]
 
 
 def _remove_stale(out: Path, keep: set[Path]) -> None:

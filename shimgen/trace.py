@@ -1,4 +1,4 @@
-"""Trace stage: a spec graph → torch.export ExportedProgram with the spec's dynamic dims.
+"""Trace stage: a spec graph → torch.export ExportedProgram with the spec's dynamic dims, saved.
 
 The model is wrapped so the exported program takes exactly the spec's inputs, positionally, in
 spec order: the binding can hand them to AOTInductor as they come.
@@ -9,74 +9,58 @@ from __future__ import annotations
 import dataclasses
 import keyword
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import dims
-from .entry import call_model, describe, example_sizes, load_model, make_inputs
+from . import dims, entry
+from .entry import call_model, describe, example_sizes, load_model, make_inputs, project_scope
 from .errors import SpecError
-from .spec import Graph
+from .files import file_hash, source_hash, stage_key
+from .results import DICT, KEYWORD, LIST, NONE, OBJECT, POSITIONAL, SEQUENCE, TENSOR, TUPLE, OutNode, OutType, TraceResult
+from .spec import Graph, Target
+from .spec.model import build_fields
+from .toolchain import Toolchain
 
-# Output tree nodes in preorder, as the binding rebuilds them (kinds match binding.cpp.j2).
-TENSOR, TUPLE, LIST, DICT, NONE, OBJECT = range(6)
 _CONTAINERS = {tuple: TUPLE, list: LIST, dict: DICT}
-# How the binding calls an OBJECT node's own type (binding.cpp.j2's Construct).
-POSITIONAL, KEYWORD, SEQUENCE = "positional", "keyword", "sequence"
 
 
-@dataclass
-class OutType:
-    """An output node of any other pytree type (namedtuple, dataclass, transformers ModelOutput...)
-    and how the binding rebuilds it: with the type itself when `construct` says how (imported on
-    the first call that returns one), else, or when that import fails, with `fallback`."""
-
-    module: str
-    qualname: str
-    fields: list[str] | None  # the children's names, in order; None where the node does not name them
-    dropped: list[str]  # fields that were None, which the pytree leaves out: passed as None to the type
-    construct: str | None  # POSITIONAL cls(*children), KEYWORD cls(**fields), SEQUENCE cls(children); None: fallback always
-    fallback: str  # "namedtuple" (same name and fields), "dict" (in field order) or "tuple"
-    reason: str = ""  # why construct is None
+def trace_key(graph: Graph, target: Target, tc: Toolchain, spec_dir: Path) -> str:
+    """What a trace depends on besides the files it reads: the graph's spec, the files its `depends`
+    globs match, the device, torch, and shimgen's tracing code."""
+    declared = sorted({p for pattern in graph.depends for p in spec_dir.glob(pattern) if p.is_file()})
+    return stage_key(build_fields(graph), [(str(p), file_hash(p)) for p in declared], target.device, tc.torch_version,
+                     source_hash(sys.modules[__name__]), source_hash(dims), source_hash(entry))
 
 
-@dataclass
-class OutNode:
-    kind: int
-    arity: int = 0
-    key: str | int | None = None  # key in the parent dict, or the field's name in the parent OBJECT
-    type: OutType | None = None  # OBJECT nodes only
+def still_valid(traced: TraceResult, key: str) -> bool:
+    return traced.key == key and traced.program.is_file() and all(file_hash(Path(path)) == digest for path, digest in traced.reads)
 
 
-@dataclass
-class Traced:
-    program: Any  # torch.export.ExportedProgram
-    out_nodes: list[OutNode]
-    num_outputs: int
-
-
-def trace(graph: Graph, where: str, spec_dir: Path, device: str) -> Traced:
-    """Export on `device`: Inductor generates kernels for the device the program's tensors are on."""
+def trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: Path, key: str) -> TraceResult:
+    """Export on `device` (Inductor generates kernels for the device the program's tensors are on) into `program_file`."""
     import torch
 
-    model = load_model(graph, where, spec_dir)
-    if isinstance(model, torch.nn.Module):
-        model = model.to(device)
-    inputs = [t.to(device) for t in make_inputs(graph, example_sizes(graph), graph.seed)]
-    with torch.no_grad():
-        try:
-            eager = call_model(model, graph, inputs)
-        except (Exception, SystemExit) as exc:
-            shapes = ", ".join(f"{i.name}={tuple(t.shape)}" for i, t in zip(graph.inputs, inputs))
-            raise SpecError("", f"{where}.inputs", f"the model rejected the example inputs ({shapes}): {describe(exc, spec_dir)}") from None
-        out_nodes = _out_nodes(eager, spec_dir, where)
-        adapter = _spec_order_module(model, graph)
-        program = dims.export(adapter, inputs, graph, where)
-        dims.check_smallest(program, model, graph, where, device)
+    with project_scope(spec_dir) as reads:
+        model = load_model(graph, where, spec_dir)
+        if isinstance(model, torch.nn.Module):
+            model = model.to(device)
+        inputs = [t.to(device) for t in make_inputs(graph, example_sizes(graph), graph.seed)]
+        with torch.no_grad():
+            try:
+                eager = call_model(model, graph, inputs)
+            except (Exception, SystemExit) as exc:
+                shapes = ", ".join(f"{i.name}={tuple(t.shape)}" for i, t in zip(graph.inputs, inputs))
+                raise SpecError("", f"{where}.inputs", f"the model rejected the example inputs ({shapes}): {describe(exc, spec_dir)}") from None
+            out_nodes = _out_nodes(eager, spec_dir, where)
+            adapter = _spec_order_module(model, graph)
+            program = dims.export(adapter, inputs, graph, where)
+            dims.check_smallest(program, model, graph, where, device)
     num_outputs = sum(1 for n in out_nodes if n.kind == TENSOR)
     if program.call_spec.out_spec.num_leaves != num_outputs:
         raise SpecError("", where, f"the traced model returns {program.call_spec.out_spec.num_leaves} tensors, eager {num_outputs}")
-    return Traced(program, out_nodes, num_outputs)
+    program_file.parent.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(program_file))
+    return TraceResult(key, program_file, tuple(out_nodes), num_outputs, tuple((str(p), file_hash(p)) for p in sorted(reads)))
 
 
 def _spec_order_module(model: Callable[..., Any], graph: Graph) -> Any:
@@ -184,16 +168,15 @@ def describe_type(value: Any, children: list[Any], names: list[str] | None, spec
     """How the binding rebuilds `value`'s node: the constructor call that gives back an equal node
     from its children, verified here on the eager output itself, and the fallback."""
     cls = type(value)
-    out = OutType(cls.__module__, cls.__qualname__, names, _dropped_fields(value, names), None, _fallback(value, names))
-    out.reason = _not_importable(cls, spec_dir)
-    if out.reason:
-        return out
+    out = OutType(cls.__module__, cls.__qualname__, tuple(names) if names is not None else None, tuple(_dropped_fields(value, names)),
+                  None, _fallback(value, names))
+    reason = _not_importable(cls, spec_dir)
+    if reason:
+        return dataclasses.replace(out, reason=reason)
     for how in ([POSITIONAL, SEQUENCE, KEYWORD] if isinstance(value, tuple) else [KEYWORD, POSITIONAL]):
         if (how != KEYWORD or names is not None) and _rebuilds(value, children, out, how):
-            out.construct = how
-            return out
-    out.reason = "is not rebuilt from its fields by calling it"
-    return out
+            return dataclasses.replace(out, construct=how)
+    return dataclasses.replace(out, reason="is not rebuilt from its fields by calling it")
 
 
 def _dropped_fields(value: Any, names: list[str] | None) -> list[str]:

@@ -16,7 +16,9 @@ import pytest
 import torch
 from conftest import REPO, build_json, import_package, shimgen
 
+from shimgen import probe, toolchain
 from shimgen.entry import load_model, make_inputs
+from shimgen.errors import UserError
 from shimgen.spec import load_spec
 
 pytestmark = pytest.mark.slow
@@ -208,21 +210,18 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path, monkeyp
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SHIMGEN_CACHE_DIR": str(tmp_path / "cache"), "CXX": ""}
     doctor = shimgen("doctor", env=env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert f"FAIL {crashing}" in doctor.stdout and "crashed with signal 11 while loading" in doctor.stdout
+    assert f"FAIL {crashing}" in doctor.stdout and "crash when loaded (signal 11)" in doctor.stdout
     assert f"selected:       {crashing}" not in doctor.stdout and "selected:       none" not in doctor.stdout
 
     # CXX names the broken compiler: tried first, then another that works, with a warning.
     build = shimgen("build", REPO / "projects" / "mlp.toml", "--out", tmp_path, "--json", env={**env, "CXX": str(crashing)})
     assert build.returncode == 0, build.stderr
-    assert f"warning: {crashing}" in build.stderr and "crashed with signal 11" in build.stderr
+    assert f"warning: {crashing}" in build.stderr and "crash when loaded (signal 11)" in build.stderr
 
     # Only broken compilers: one message naming each failure and the fix.
-    from shimgen import toolchain
-    from shimgen.errors import UserError
-
     monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(toolchain, "candidate_compilers", lambda: [str(crashing)])
     with pytest.raises(UserError) as exc:
-        toolchain.select()
-    assert "no C++ compiler here builds torch extensions that load into this Python" in str(exc.value)
-    assert f"{crashing} (" in str(exc.value) and "crashed with signal 11" in str(exc.value) and "Fix:" in str(exc.value)
+        probe.select()
+    assert "failed with every C++ compiler here" in str(exc.value)
+    assert f"{crashing} (" in str(exc.value) and "crash when loaded (signal 11)" in str(exc.value) and "Fix:" in str(exc.value)

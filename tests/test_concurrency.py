@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import COMMAND, REPO, call_in_subprocess, shimgen
 
-from shimgen import toolchain
+from shimgen import probe, toolchain
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
 
@@ -69,6 +69,6 @@ def test_only_lasting_probe_failures_are_cached(tmp_path: Path, meson_body: str,
     meson.write_text(f"#!/bin/sh\n{meson_body}\n")
     meson.chmod(0o755)
     tc = dataclasses.replace(toolchain.detect(), meson=str(meson))
-    verdict = toolchain.prove(tc, tmp_path / "cache")
+    verdict = probe.prove(tc, tmp_path / "cache")
     assert not verdict.ok
-    assert (tmp_path / "cache" / tc.key / "verdict.json").is_file() == cached
+    assert (tmp_path / "cache" / probe.probe_key(tc) / "verdict.json").is_file() == cached

@@ -274,7 +274,7 @@ def test_internal_error(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFix
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    monkeypatch.setattr(shimgen.pipeline.render, "target_id", _boom)
+    monkeypatch.setattr(shimgen.pipeline, "load_spec", _boom)
     spec = workdir / "projects" / "mlp.toml"
     assert main(["build", str(spec), "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err
@@ -293,7 +293,7 @@ def test_interrupt_is_not_an_internal_error(tmp_path: Path, workdir: Path, capsy
     def interrupt(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(shimgen.pipeline.render, "target_id", interrupt)
+    monkeypatch.setattr(shimgen.pipeline, "load_spec", interrupt)
     assert main(["build", str(workdir / "projects" / "mlp.toml"), "--out", str(tmp_path)]) == 130
     assert capsys.readouterr().err.strip() == "shimgen: interrupted; previous outputs are left as they were"
 

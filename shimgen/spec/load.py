@@ -252,6 +252,9 @@ def _validate_graph(graph: Graph, where: str) -> None:
             raise SpecError("", dw, "not used by any input shape")
         _validate_dim(name, dim, dw)
     _check_example_bytes(graph, where, defaulted)
+    for k, pattern in enumerate(graph.depends):
+        if not pattern or pattern.startswith(("/", "~")):
+            raise SpecError("", f"{where}.depends[{k}]", f"'{pattern}' is not a glob pattern relative to the spec's directory")
     for name in ("atol", "rtol"):
         if getattr(graph, name) < 0:
             raise SpecError("", f"{where}.{name}", f"tolerances must not be negative, got {getattr(graph, name)}")

@@ -6,10 +6,15 @@ their type hints; `schema.py` turns the same hints into JSON schema.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+# Spec dtype -> c10::ScalarType enumerator: the binding's checks and messages are rendered from it.
+SCALAR_TYPES = {
+    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
+    "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+}
+DTYPES = tuple(SCALAR_TYPES)
 OptLevel = Literal["O0", "O1", "O2", "O3", "Os"]
 DIM_SIZE_LIMIT = 2**63 - 2  # torch.export's largest dim size (sys.maxsize - 1; it checks derived dims against it)
 EXAMPLE_BYTES_LIMIT = 2**32  # example inputs allocated by tracing and `shimgen check`
@@ -18,9 +23,14 @@ NAME_LIMIT = 100  # project and graph names name files and directories, whose na
 VERSION_LIMIT = 64  # the version is part of the wheel's file name too
 
 
-def doc(text: str, **kwargs: Any) -> Any:
-    """A dataclass field documented by `text`."""
-    return field(metadata={"doc": text}, **kwargs)
+def doc(text: str, check_only: bool = False, **kwargs: Any) -> Any:
+    """A dataclass field documented by `text`; `check_only` for what `shimgen check` uses and the build ignores."""
+    return field(metadata={"doc": text, "check_only": check_only}, **kwargs)
+
+
+def build_fields(table: Any) -> dict[str, Any]:
+    """A table's fields that the build depends on: all but the check-only ones."""
+    return {f.name: getattr(table, f.name) for f in fields(table) if not f.metadata.get("check_only")}
 
 
 @dataclass
@@ -101,8 +111,14 @@ class Graph:
     kwargs: dict[str, Any] = doc("Keyword arguments for the entry callable.", default_factory=dict)
     dims: dict[str, Dim] = doc("Dynamic dimensions by name.", default_factory=dict)
     seed: int = doc("Seed set before building the model and its example inputs (deterministic init).", default=0)
-    atol: float = doc("Absolute tolerance of `shimgen check` against eager.", default=1e-4)
-    rtol: float = doc("Relative tolerance of `shimgen check` against eager.", default=1e-4)
+    depends: list[str] = doc(
+        "Glob patterns, relative to the spec, of further files the model depends on: a change to any of them traces "
+        "the graph again. Files the model opens through Python while it is built and traced (weights, configs) and "
+        "its modules in the project are found without it; list what native code reads.",
+        default_factory=list,
+    )
+    atol: float = doc("Absolute tolerance of `shimgen check` against eager.", check_only=True, default=1e-4)
+    rtol: float = doc("Relative tolerance of `shimgen check` against eager.", check_only=True, default=1e-4)
 
 
 @dataclass

@@ -1,10 +1,5 @@
-"""Toolchain: finds Python, torch, the C++ compiler, Meson and ninja, and proves they work together.
-
-Detection never imports torch (a no-op rebuild must stay fast). The proof builds a tiny probe
-extension with the same Meson setup as a real project and imports it in a subprocess, so that a
-compiler whose output crashes when loaded (as GCC builds against another libstdc++ do, inside
-AOTInductor's std::regex) is caught and the next candidate compiler tried. Verdicts are cached
-per toolchain key.
+"""Toolchain: finds Python, torch, the C++ compilers, Meson and ninja, without importing torch (a
+no-op rebuild must stay fast). Whether they work together is `shimgen.probe`'s to prove.
 """
 
 from __future__ import annotations
@@ -16,16 +11,13 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from ..errors import UserError
-from ..files import exclusive, write_if_changed
+from ..process import run
 
 
 @dataclass(frozen=True)
@@ -58,16 +50,6 @@ class Toolchain:
 def compiler_cache() -> str | None:
     """sccache or ccache when one is on PATH."""
     return shutil.which("sccache") or shutil.which("ccache")
-
-
-@dataclass
-class Verdict:
-    """What the probe found for one candidate compiler."""
-
-    cxx: str
-    identity: str
-    ok: bool
-    reason: str = ""
 
 
 def detect(cxx: str | None = None) -> Toolchain:
@@ -118,21 +100,6 @@ def candidate_compilers() -> list[str]:
     return list(found.values())
 
 
-def select(waiting: Callable[[str], None] | None = None) -> tuple[Toolchain, list[Verdict]]:
-    """The first candidate compiler whose probe builds and loads; UserError naming each failure if none."""
-    verdicts = []
-    for cxx in candidate_compilers():
-        tc = detect(cxx)
-        verdict = prove(tc, cache_dir(), waiting=waiting)
-        verdicts.append(verdict)
-        if verdict.ok:
-            return tc, verdicts
-    lines = "\n".join(f"  {v.cxx} ({v.identity}): {v.reason}" for v in verdicts)
-    raise UserError(f"no C++ compiler here builds torch extensions that load into this Python:\n{lines}\n"
-                    "Fix: install a compiler that matches this Python's libstdc++ (the system g++), or set CXX to one; "
-                    "`shimgen doctor --refresh` proves them again.")
-
-
 def cache_dir() -> Path:
     """Per-user cache of proved toolchains: $SHIMGEN_CACHE_DIR, else $XDG_CACHE_HOME/shimgen/toolchain."""
     if os.environ.get("SHIMGEN_CACHE_DIR"):
@@ -140,49 +107,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "shimgen" / "toolchain"
 
 
-def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[str], None] | None = None) -> Verdict:
-    """Build and load the probe extension once per toolchain key. A verdict is cached only when
-    it would come out the same again: never from a probe that was killed or raced another."""
-    from ..render import render_probe
-
-    probe_dir = cache / tc.key
-    stamp = probe_dir / "verdict.json"
-    with exclusive(cache / f"{tc.key}.lock", waiting):
-        if stamp.is_file() and not refresh:
-            return Verdict(**json.loads(stamp.read_text()))
-        shutil.rmtree(probe_dir, ignore_errors=True)
-        source, build = probe_dir / "src", probe_dir / "build"
-        render_probe(tc, source)
-        steps = [
-            ([tc.meson, "setup", str(source), str(build)], "meson setup"),
-            ([tc.ninja, "-C", str(build)], "compile"),
-            ([tc.python, str(source / "check_probe.py"), str(build)], "import"),
-        ]
-        verdict, lasting = Verdict(tc.cxx, tc.cxx_identity, True, "builds and loads the probe"), True
-        for cmd, what in steps:
-            result = subprocess.run(cmd, env=tc.env(), capture_output=True, text=True)
-            if result.returncode != 0:
-                tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
-                crash = f"the probe crashed with signal {-result.returncode} while loading" if result.returncode < 0 else f"{what} failed"
-                verdict = Verdict(tc.cxx, tc.cxx_identity, False, f"{crash}: {tail}" if tail else crash)
-                lasting = -result.returncode not in _INTERRUPTING_SIGNALS and "already using this build directory" not in tail
-                break
-        shutil.rmtree(build, ignore_errors=True)
-        if lasting:
-            write_if_changed(stamp, json.dumps(asdict(verdict)))
-    return verdict
-
-
-# A probe step ended by one of these was stopped from outside; it says nothing about the compiler.
-_INTERRUPTING_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGKILL, signal.SIGHUP}
-
-
 def _compiler_identity(cxx: str) -> str:
-    try:
-        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise UserError(f"C++ compiler {cxx} does not run: {exc}") from None
-    return out.splitlines()[0].strip() if out else cxx
+    version = run([cxx, "--version"])
+    if not version.ok:
+        raise UserError(f"C++ compiler {cxx} does not run: {version.tail(1)}")
+    return version.output.splitlines()[0].strip() if version.output.strip() else cxx
 
 
 def _find_meson() -> str:

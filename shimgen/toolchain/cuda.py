@@ -8,11 +8,11 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecError, UserError
+from ..process import run
 from ..spec import Target
 
 
@@ -55,13 +55,11 @@ def find_nvcc() -> str:
 
 def detect_cuda() -> CudaToolchain:
     nvcc = find_nvcc()
-    try:
-        version_text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-        codes = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, check=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError) as exc:
-        raise UserError(f"{nvcc} does not run: {exc}") from None
-    version = re.search(r"release (\d+\.\d+)", version_text)
-    return CudaToolchain(nvcc, version.group(1) if version else "unknown", tuple(codes))
+    version_text, codes = run([nvcc, "--version"]), run([nvcc, "--list-gpu-code"])
+    for failed in (r for r in (version_text, codes) if not r.ok):
+        raise UserError(f"{nvcc} does not run: {failed.tail(1)}")
+    version = re.search(r"release (\d+\.\d+)", version_text.output)
+    return CudaToolchain(nvcc, version.group(1) if version else "unknown", tuple(codes.output.split()))
 
 
 def torch_cuda_version() -> str:

@@ -1,0 +1,204 @@
+"""What each stage hands to the next: frozen dataclasses with the key they were made under and the
+files they produced, written to and read back from state.json by the same code (`to_json`,
+`from_json`), so a stage skipped as up to date yields exactly what running it would."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .spec import Graph, Target
+
+# Output tree nodes in preorder, as the binding rebuilds them (kinds match binding.cpp.j2).
+TENSOR, TUPLE, LIST, DICT, NONE, OBJECT = range(6)
+# How the binding calls an OBJECT node's own type (binding.cpp.j2's Construct).
+POSITIONAL, KEYWORD, SEQUENCE = "positional", "keyword", "sequence"
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class OutType:
+    """An output node of any other pytree type (namedtuple, dataclass, transformers ModelOutput...)
+    and how the binding rebuilds it: with the type itself when `construct` says how (imported on
+    the first call that returns one), else, or when that import fails, with `fallback`."""
+
+    module: str
+    qualname: str
+    fields: tuple[str, ...] | None  # the children's names, in order; None where the node does not name them
+    dropped: tuple[str, ...]  # fields that were None, which the pytree leaves out: passed as None to the type
+    construct: str | None  # POSITIONAL cls(*children), KEYWORD cls(**fields), SEQUENCE cls(children); None: fallback always
+    fallback: str  # "namedtuple" (same name and fields), "dict" (in field order) or "tuple"
+    reason: str = ""  # why construct is None
+
+    @property
+    def name(self) -> str:
+        return self.qualname.rpartition(".")[2]
+
+
+@dataclass(frozen=True)
+class OutNode:
+    kind: int
+    arity: int = 0
+    key: str | int | None = None  # key in the parent dict, or the field's name in the parent OBJECT
+    type: OutType | None = None  # OBJECT nodes only
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """The exported program of one graph for one device, and its output's structure."""
+
+    key: str
+    program: Path  # torch.export.save'd ExportedProgram
+    out_nodes: tuple[OutNode, ...]
+    num_outputs: int
+    reads: tuple[tuple[str, str], ...]  # (path, sha256) of every project file the trace read
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.program,)
+
+
+@dataclass(frozen=True)
+class CodegenResult:
+    """Inductor's C++ for one graph on one target, cut into translation units, and how to compile it."""
+
+    key: str
+    interface: Path  # the AOTI runtime interface: the same text for every graph of a target
+    model: Path
+    kernels: tuple[Path, ...]
+    weights: Path  # ELF object holding the weights
+    ptx: tuple[Path, ...]  # CUDA: one per Triton kernel, named after it
+    triton: tuple[Path, ...]  # CUDA: the kernels' Triton sources, shipped for inspection
+    defines: tuple[str, ...]
+    inductor_args: tuple[str, ...]
+    out_nodes: tuple[OutNode, ...]
+    num_outputs: int
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.interface, self.model, *self.kernels, self.weights, *self.ptx, *self.triton)
+
+    @property
+    def compile_args(self) -> list[str]:
+        """Compile arguments of Inductor's code: its defines, math flags and the target's ISA."""
+        return [f"-D{d}" for d in self.defines] + list(self.inductor_args)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One graph compiled for one target: its codegen dir, its sources dir and extension module `_<name>`."""
+
+    graph: Graph
+    target: Target
+    code: CodegenResult
+
+    @property
+    def name(self) -> str:
+        return unit_name(self.graph, self.target)
+
+
+def unit_name(graph: Graph, target: Target) -> str:
+    return f"{graph.name}_{target.device}"
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    """What every project with the same toolchain and flags links: built once per user."""
+
+    key: str
+    interface_lib: Path
+    wrapper_pch: Path | None  # force-include this path; GCC uses the .gch beside it
+    kernel_pch: Path | None
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return tuple(p for p in (self.interface_lib, self.wrapper_pch, self.kernel_pch) if p)
+
+
+@dataclass(frozen=True)
+class RenderedProject:
+    key: str  # hash of every file of the project
+    root: Path
+    sources: tuple[Path, ...]
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return self.sources
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    key: str  # hash of the project's and the built extensions' content
+    extensions: tuple[Path, ...]  # what Meson says it built for installation
+    units_done: int = 0
+    units_total: int = 0
+    unit_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return self.extensions
+
+
+@dataclass(frozen=True)
+class PackageResult:
+    key: str
+    wheel: Path
+    site: Path  # the unpacked wheel: a directory to put on sys.path
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.wheel, self.site)
+
+
+def to_json(value: Any) -> Any:
+    """A result as JSON data: dataclasses as dicts, paths as strings, tuples as lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+def from_json(cls: type[R], data: Any) -> R:
+    """The inverse of to_json, guided by `cls`'s type hints."""
+    return typing.cast(R, _convert(cls, data))
+
+
+def _convert(hint: Any, data: Any) -> Any:
+    if data is None:
+        return None
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return hint(**{f.name: _convert(hints[f.name], data[f.name]) for f in dataclasses.fields(hint) if f.name in data})
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        return _convert(options[0], data) if len(options) == 1 else data
+    if origin is tuple:
+        item = args[0] if args[-1] is Ellipsis else None
+        return tuple(_convert(item or args[k], v) for k, v in enumerate(data))
+    if origin is dict:
+        return {k: _convert(args[1], v) for k, v in data.items()}
+    if hint is Path:
+        return Path(data)
+    return data
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """A key alone: what a unit of work was last done for, when it leaves no files of its own."""
+
+    key: str
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return ()
