@@ -94,7 +94,7 @@ def _tensor_pairs(want: Any, got: Any, spec_dir: Path, path: str = "out") -> lis
     children, names = parts
     got_children = _matching_children(want, got, children, names, spec_dir, path)
     pairs = []
-    for k, (child, got_child) in enumerate(zip(children, got_children)):
+    for k, (child, got_child) in enumerate(zip(children, got_children, strict=True)):
         pairs += _tensor_pairs(child, got_child, spec_dir, path + _step(want, k, names))
     return pairs
 
@@ -148,7 +148,8 @@ def _compare_tensors(graph: Graph, label: str, path: str, want: Any, have: Any) 
     import torch
 
     if want.shape != have.shape or want.dtype != have.dtype:
-        return Comparison(graph.name, label, f"{path} {tuple(have.shape)}/{have.dtype} != {tuple(want.shape)}/{want.dtype}", float("inf"), float("inf"), False)
+        mismatch = f"{path} {tuple(have.shape)}/{have.dtype} != {tuple(want.shape)}/{want.dtype}"
+        return Comparison(graph.name, label, mismatch, float("inf"), float("inf"), False)
     a, b = have.double(), want.double()
     diff = (a - b).abs()
     max_abs = diff.max().item() if diff.numel() else 0.0

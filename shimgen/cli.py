@@ -175,7 +175,8 @@ def _check(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"{r.graph:<12} {r.case:<14} {r.output:<24} {r.max_abs:>12.3g} {r.max_rel:>12.3g}{'' if r.ok else '  MISMATCH'}", file=sys.stderr)
     tolerances = ", ".join(f"{g.name}: atol={g.atol:g} rtol={g.rtol:g}" for g in spec.graph)
-    verdict = f"{len(failed)} of {len(rows)} outputs beyond tolerance ({tolerances})" if failed else f"all {len(rows)} outputs match eager ({tolerances})"
+    verdict = (f"{len(failed)} of {len(rows)} outputs beyond tolerance ({tolerances})" if failed
+               else f"all {len(rows)} outputs match eager ({tolerances})")
     print(f"\ncheck: {verdict} in {time.monotonic() - started:.1f}s", file=sys.stderr)
     import torch
 

@@ -160,7 +160,7 @@ def _quiet_autotuning() -> Iterator[None]:
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels):
+        for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
 
 

@@ -170,7 +170,7 @@ def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: s
     if len(want) != len(got):
         raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the traced model returns {len(got)} tensors, "
                         f"eager {len(want)}; raise the dims' min")
-    for k, (w, g) in enumerate(zip(want, got)):
+    for k, (w, g) in enumerate(zip(want, got, strict=True)):
         if w.shape != g.shape or not torch.allclose(g.double(), w.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True):
             raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the traced model's output {k} differs from "
                             "eager: the model behaves differently there than at the example sizes; raise the dims' min")

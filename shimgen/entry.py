@@ -174,8 +174,8 @@ def example_sizes(graph: Graph) -> dict[str, int]:
 
 def call_model(model: Callable[..., Any], graph: Graph, tensors: list[Any]) -> Any:
     """Call the model the way the spec declares its inputs: positional first, then keywords."""
-    args = [t for inp, t in zip(graph.inputs, tensors) if not inp.keyword]
-    kwargs = {inp.name: t for inp, t in zip(graph.inputs, tensors) if inp.keyword}
+    args = [t for inp, t in zip(graph.inputs, tensors, strict=True) if not inp.keyword]
+    kwargs = {inp.name: t for inp, t in zip(graph.inputs, tensors, strict=True) if inp.keyword}
     return model(*args, **kwargs)
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import keyword
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import dims, entry
 from .entry import call_model, describe, example_sizes, load_model, make_inputs, project_scope
@@ -49,7 +50,7 @@ def trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: P
             try:
                 eager = call_model(model, graph, inputs)
             except (Exception, SystemExit) as exc:
-                shapes = ", ".join(f"{i.name}={tuple(t.shape)}" for i, t in zip(graph.inputs, inputs))
+                shapes = ", ".join(f"{i.name}={tuple(t.shape)}" for i, t in zip(graph.inputs, inputs, strict=True))
                 raise SpecError("", f"{where}.inputs", f"the model rejected the example inputs ({shapes}): {describe(exc, spec_dir)}") from None
             out_nodes = _out_nodes(eager, spec_dir, where)
             adapter = _spec_order_module(model, graph)
@@ -117,7 +118,7 @@ def _out_nodes(output: Any, spec_dir: Path, where: str) -> list[OutNode]:
             keys = list(names) if kind == OBJECT and names else [None] * len(children)
         out_type = describe_type(value, children, names, spec_dir) if kind == OBJECT else None
         nodes.append(OutNode(kind, len(children), key, out_type))
-        for k, (child, child_key) in enumerate(zip(children, keys)):
+        for k, (child, child_key) in enumerate(zip(children, keys, strict=True)):
             visit(child, child_key, path + _step(kind, k, child_key))
 
     visit(output, None, "output")
@@ -223,11 +224,11 @@ def _rebuilds(value: Any, children: list[Any], out: OutType, how: str) -> bool:
         elif how == SEQUENCE:
             rebuilt = cls(tuple(children))
         else:
-            rebuilt = cls(**dict(zip(out.fields or (), children)), **dict.fromkeys(out.dropped))
+            rebuilt = cls(**dict(zip(out.fields or (), children, strict=True)), **dict.fromkeys(out.dropped))
         if type(rebuilt) is not cls:
             return False
         node = pytree.SUPPORTED_NODES[pytree._get_node_type(value)]
         (got, got_context), (want, want_context) = node.flatten_fn(rebuilt), node.flatten_fn(value)
-        return len(got) == len(want) and all(a is b for a, b in zip(got, want)) and bool(got_context == want_context)
+        return len(got) == len(want) and all(a is b for a, b in zip(got, want, strict=True)) and bool(got_context == want_context)
     except Exception:
         return False

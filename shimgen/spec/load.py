@@ -15,8 +15,7 @@ from typing import Any, Literal
 from packaging.version import InvalidVersion, Version
 
 from ..errors import SpecError
-from .model import (DIM_SIZE_LIMIT, EXAMPLE_BYTES_LIMIT, INSTANCES_LIMIT, NAME_LIMIT, VERSION_LIMIT, Dim, Graph, Input,
-                    ProjectSpec, Target)
+from .model import DIM_SIZE_LIMIT, EXAMPLE_BYTES_LIMIT, INSTANCES_LIMIT, NAME_LIMIT, VERSION_LIMIT, Dim, Graph, Input, ProjectSpec, Target
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -312,7 +311,8 @@ def _validate_dim(name: str, dim: Dim, dw: str) -> None:
         raise SpecError("", f"{dw}.max", f"max equals min ({dim.min}): a size that never changes is static; "
                         f"write {dim.min} in the input shapes instead of '{name}'")
     if dim.max > DIM_SIZE_LIMIT:
-        raise SpecError("", f"{dw}.max", f"max {dim.max} is beyond {DIM_SIZE_LIMIT} (2**63 - 2), the largest dim size torch.export supports (sys.maxsize - 1)")
+        raise SpecError("", f"{dw}.max",
+                        f"max {dim.max} is beyond {DIM_SIZE_LIMIT} (2**63 - 2), the largest dim size torch.export supports (sys.maxsize - 1)")
     _multiple(dim.min, step, f"{dw}.min", 1)
     _multiple(dim.max, step, f"{dw}.max", dim.min + 1)
     if dim.example is None:
