@@ -138,13 +138,25 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
         raise
 
 
+@dataclass(frozen=True)
+class Job:
+    """One build's fixed inputs and where it records what it did."""
+
+    spec: ProjectSpec
+    layout: Layout
+    tools: Tools
+    state: State
+    timeline: Timeline
+
+
 def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
-    timeline, state = Timeline(report), State(layout.state_file, fresh=force)
+    timeline = Timeline(report)
     with timeline.stage("toolchain"):
         tools = _tools(spec, use_cache, report)
-    _keep_meson_dir_if_configured_for(tools, layout, state)
-    units = [_generate(spec, i, graph, target, tools, layout, state, timeline) for target in spec.target for i, graph in enumerate(spec.graph)]
-    state.forget_all_but("unit:", {f"unit:{kind}:{u.name}" for u in units for kind in ("trace", "codegen")})
+    job = Job(spec, layout, tools, State(layout.state_file, fresh=force), timeline)
+    _keep_meson_dir_if_configured_for(job)
+    units = [_generate(job, i, graph, target) for target in spec.target for i, graph in enumerate(spec.graph)]
+    job.state.forget_all_but("unit:", {f"unit:{kind}:{u.name}" for u in units for kind in ("trace", "codegen")})
     with timeline.stage("prebuilt"):
         shared = {t.device: prebuilt.ensure(tools.tc, t, [u for u in units if u.target is t], spec.flags, lambda msg: report("prebuilt", msg))
                   for t in spec.target}
@@ -153,7 +165,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
     with timeline.stage("compile"):
         compiled = meson.build(layout.project, layout.meson, tools.tc, f"the package '{spec.project.name}'", tools.launcher,
                                lambda msg: report("compile", msg))
-    packaged = _package(spec, project, compiled, tools, layout, state, timeline)
+    packaged = _package(job, project, compiled)
     return BuildOutput(spec.project.name, "+".join(render.target_id(t) for t in spec.target), packaged.wheel, packaged.site,
                        [g.name for g in spec.graph], timeline.seconds, (compiled.units_done, compiled.units_total),
                        sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5], timeline.skipped, tools.launcher)
@@ -182,20 +194,20 @@ def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
     return None
 
 
-def _keep_meson_dir_if_configured_for(tools: Tools, layout: Layout, state: State) -> None:
+def _keep_meson_dir_if_configured_for(job: Job) -> None:
     """A Meson build directory keeps the compiler it was configured with. Trace and codegen
     records stay: their keys hold the torch version, and their output ignores the compiler."""
-    if state.get(Stamp, "meson", tools.key) is None:
-        shutil.rmtree(layout.meson, ignore_errors=True)
-        state.forget("package")
-        state.commit("meson", Stamp(tools.key))
+    if job.state.get(Stamp, "meson", job.tools.key) is None:
+        shutil.rmtree(job.layout.meson, ignore_errors=True)
+        job.state.forget("package")
+        job.state.commit("meson", Stamp(job.tools.key))
 
 
-def _generate(spec: ProjectSpec, index: int, graph: Graph, target: Target, tools: Tools, layout: Layout, state: State,
-              timeline: Timeline) -> Unit:
+def _generate(job: Job, index: int, graph: Graph, target: Target) -> Unit:
     """One graph on one target traced and generated, or both taken from the last build when up to date."""
+    spec, layout, state, timeline = job.spec, job.layout, job.state, job.timeline
     name, where = unit_name(graph, target), f"graph[{index}]"
-    key = trace.trace_key(graph, target, tools.tc, layout.spec_dir)
+    key = trace.trace_key(graph, target, job.tools.tc, layout.spec_dir)
     traced = state.get(TraceResult, f"unit:trace:{name}")
     if traced is not None and trace.still_valid(traced, key):
         timeline.skipped.append(f"trace:{name}")
@@ -212,7 +224,7 @@ def _generate(spec: ProjectSpec, index: int, graph: Graph, target: Target, tools
     _require_gpu(spec, target)
     with timeline.stage("codegen", name):
         try:
-            generated = codegen.generate(traced, target, spec.flags, tools.tc.cxx, layout.root / "codegen" / name, key)
+            generated = codegen.generate(traced, target, spec.flags, job.tools.tc.cxx, layout.root / "codegen" / name, key)
         except SpecError:
             raise
         except UserError as exc:
@@ -229,15 +241,15 @@ def _require_gpu(spec: ProjectSpec, target: Target) -> None:
                         "building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); torch sees none")
 
 
-def _package(spec: ProjectSpec, project: RenderedProject, compiled: CompileResult, tools: Tools, layout: Layout, state: State,
-             timeline: Timeline) -> PackageResult:
+def _package(job: Job, project: RenderedProject, compiled: CompileResult) -> PackageResult:
     key = stage_key(project.key, [(p.name, file_hash(p)) for p in compiled.extensions])
-    packaged = state.get(PackageResult, "package", key)
+    packaged = job.state.get(PackageResult, "package", key)
     if packaged is not None:
-        timeline.skipped.append("package")
+        job.timeline.skipped.append("package")
         return packaged
-    with timeline.stage("package"):
-        packaged = package.build_and_unpack(layout.project, layout.meson, layout.dist, layout.site, spec.project.name, tools.tc,
+    layout, tools = job.layout, job.tools
+    with job.timeline.stage("package"):
+        packaged = package.build_and_unpack(layout.project, layout.meson, layout.dist, layout.site, job.spec.project.name, tools.tc,
                                             tools.launcher, key)
-    state.commit("package", packaged)
+    job.state.commit("package", packaged)
     return packaged
