@@ -202,8 +202,10 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path, monkeyp
     assert real, "these tests need g++"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    # Only in shared objects (-fPIC without -fPIE), so that Meson's sanity check still passes.
-    (tmp_path / "crash.h").write_text("#if defined(__PIC__) && !defined(__PIE__)\nstatic int shimgen_crash = (*(volatile int*)0 = 1);\n#endif\n")
+    # Only in shared objects (-fPIC without -fPIE), so that Meson's sanity check still passes; a
+    # constructor raising the signal survives any optimisation level (a null store does not).
+    (tmp_path / "crash.h").write_text("#if defined(__PIC__) && !defined(__PIE__)\n#include <signal.h>\n"
+                                      "__attribute__((constructor)) static void shimgen_crash(void) { raise(SIGSEGV); }\n#endif\n")
     crashing = bin_dir / "c++"
     crashing.write_text(f'#!/bin/sh\nexec {real} -include {tmp_path / "crash.h"} "$@"\n')
     crashing.chmod(0o755)
