@@ -17,12 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
 from common import REPO, Report, import_built, shimgen_build
+
 sys.path.insert(0, str(REPO / "projects"))
 
 from models.mlp import mlp  # noqa: E402
@@ -60,7 +61,8 @@ def per_call_us(fn: Callable[[], Any], calls: int, blocks: int = 7) -> float:
     return statistics.median(samples)
 
 
-def contenders(model: torch.nn.Module, x: torch.Tensor, dynamic: dict, shims: dict[str, Callable], tmp: Path, tag: str) -> dict[str, Callable[[], Any]]:
+def contenders(model: torch.nn.Module, x: torch.Tensor, dynamic: dict, shims: dict[str, Callable], tmp: Path,
+               tag: str) -> dict[str, Callable[[], Any]]:
     with torch.no_grad():
         example = x.expand(4, *x.shape[1:]).contiguous()  # export specializes a size-1 example
         program = torch.export.export(model, (example,), dynamic_shapes=(dynamic,))
@@ -94,7 +96,8 @@ def main() -> None:
     mlp_build = shimgen_build(REPO / "projects" / "mlp.toml", tmp)[1]
     # The same MLP with oneDNN on: the kernels AOTI picks, to separate kernel choice from call cost.
     onednn_spec = REPO / "projects" / "_bench_mlp_onednn.toml"
-    onednn_spec.write_text((REPO / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_onednn"').replace("onednn = false", "onednn = true"))
+    mlp_text = (REPO / "projects" / "mlp.toml").read_text()
+    onednn_spec.write_text(mlp_text.replace('name = "mlp"', 'name = "mlp_onednn"').replace("onednn = false", "onednn = true"))
     try:
         mlp_onednn_build = shimgen_build(onednn_spec, tmp)[1]
     finally:
@@ -124,8 +127,11 @@ def main() -> None:
         for name, us in figures[title].items():
             report(f"| {name} | {us:.1f} | {us / figures[title]['shimgen']:.2f} |")
 
-    shim_import = [float(subprocess.run([sys.executable, "-c", IMPORT_SCRIPT, mlp_build["package_dir"]], capture_output=True, text=True, check=True).stdout) for _ in range(5)]
-    aoti_import = [float(subprocess.run([sys.executable, "-c", AOTI_IMPORT_SCRIPT, str(tmp / "mlp.pt2")], capture_output=True, text=True, check=True).stdout) for _ in range(3)]
+    def seconds(*args: str) -> float:
+        return float(subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, check=True).stdout)
+
+    shim_import = [seconds(IMPORT_SCRIPT, mlp_build["package_dir"]) for _ in range(5)]
+    aoti_import = [seconds(AOTI_IMPORT_SCRIPT, str(tmp / "mlp.pt2")) for _ in range(3)]
     report(f"\nimport + first call, tiny MLP (after `import torch`), median: shimgen {statistics.median(shim_import):.3f}s, "
            f"AOTI aoti_load_package {statistics.median(aoti_import):.3f}s")
 

@@ -24,12 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
-
 from common import REPO, Report, import_built, shimgen_build
+
 sys.path.insert(0, str(REPO / "projects"))
 
 from models.mlp import mlp  # noqa: E402
@@ -206,7 +207,8 @@ def build_part(tmp: Path, report: Callable[[str], None]) -> None:
     if result.returncode != 0:
         sys.exit(result.stderr[-4000:])
     export_s, compile_s = map(float, result.stdout.split())
-    report(f"AOTI export + aoti_compile_and_package, ResNet-18 cuda: {aoti_wall:.1f}s wall (export {export_s:.1f}s, codegen+compile {compile_s:.1f}s)")
+    report(f"AOTI export + aoti_compile_and_package, ResNet-18 cuda: {aoti_wall:.1f}s wall "
+           f"(export {export_s:.1f}s, codegen+compile {compile_s:.1f}s)")
     walls = {}
     for suffix in ("", "_cublas"):
         walls[suffix], cold = shimgen_build(specs[f"bench_resnet{suffix}"], tmp / f"cold{suffix}", fresh(f"shimgen{suffix}"))

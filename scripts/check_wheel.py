@@ -63,9 +63,18 @@ def main() -> int:
         return 1
     print(f"installed {wheel.name} into a fresh venv; imported from {run.stdout.strip()}")
     failed = 0
-    for (graph, device, _), want, got in zip(cases, expected, torch.load(tmp / "got.pt")):
+    results = torch.load(tmp / "got.pt")
+    if len(results) != len(cases):
+        print(f"the installed package answered {len(results)} of {len(cases)} cases", file=sys.stderr)
+        return 1
+    for (graph, device, _), want, got in zip(cases, expected, results, strict=True):
         g = next(g for g in spec.graph if g.name == graph)
-        for a, b in zip(pytree.tree_leaves(got), pytree.tree_leaves(want)):
+        got_leaves, want_leaves = pytree.tree_leaves(got), pytree.tree_leaves(want)
+        if len(got_leaves) != len(want_leaves):
+            print(f"{graph:<10} {device:<5} {len(got_leaves)} output tensors, eager has {len(want_leaves)} MISMATCH")
+            failed += 1
+            continue
+        for a, b in zip(got_leaves, want_leaves, strict=True):
             ok = torch.allclose(a.cpu().double(), b.cpu().double(), rtol=g.rtol, atol=g.atol)
             failed += not ok
             print(f"{graph:<10} {device:<5} {str(a.device):<7} max abs err {(a.cpu().double() - b.cpu().double()).abs().max().item():.3g} "

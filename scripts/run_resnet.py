@@ -5,9 +5,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 import resnet
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "projects"))
 from models.resnet import resnet18  # noqa: E402  (the eager reference: plain PyTorch, no shimgen)

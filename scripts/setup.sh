@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates .venv with torch (pinned and installed first, so nothing resolves a CUDA build from the
-# registry), the build tools, the test tools and shimgen itself (built by meson-python).
+# registry), the build tools, the test tools (pytest, ruff) and shimgen itself (built by meson-python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
@@ -10,6 +10,8 @@ PYTHON="${PYTHON:-python3}"
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "torch==${TORCH_VERSION}"
 "${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja jinja2 packaging numpy pytest hypothesis "transformers==5.23.0"
+# The linter scripts/test.sh runs; pinned to a minor release, since new releases add findings.
+"${pip[@]}" "ruff>=0.17,<0.18"
 # meson-python looks meson up on PATH unless told; the venv's is not on PATH (nothing is activated).
 MESON="$PWD/.venv/bin/meson" NINJA="$PWD/.venv/bin/ninja" "${pip[@]}" --no-build-isolation --no-deps --force-reinstall .
 echo "setup: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'), $(.venv/bin/shimgen --help >/dev/null && echo 'shimgen installed')"

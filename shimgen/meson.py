@@ -133,4 +133,5 @@ def first_error(log: str, build_dir: Path) -> tuple[str, str]:
     where = os.path.relpath((build_dir / unit).resolve()) if unit else ""
     if first is None:
         return where, "\n".join(log.strip().splitlines()[-25:])
-    return where, "\n".join(lines[first : first + 6])
+    end = next((i for i in range(first + 1, min(first + 6, len(lines))) if lines[i].startswith("FAILED:")), first + 6)
+    return where, "\n".join(lines[first:end])

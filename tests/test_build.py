@@ -144,6 +144,7 @@ def _digest(path: Path) -> str:
 def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
     wheel, site = Path(built_mlp["wheel"]), Path(built_mlp["package_dir"])
     before = (_digest(wheel), sorted(p.name for p in (site / "mlp").iterdir()))
+    assert "__init__.py" in before[1], before
     spec = workdir / "projects" / "mlp.toml"
     original = spec.read_text()
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -34,11 +35,19 @@ def test_builds_at_once_on_an_empty_cache(workdir: Path, tmp_path: Path) -> None
     geometry.write_text((REPO / "projects" / "multi.toml").read_text().replace('name = "multi"', 'name = "geometry"'))
     (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     jobs = [(mlp, tmp_path / "a"), (mlp, tmp_path / "a"), (geometry, tmp_path / "b")]
-    procs = [subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(out), "--json"], cwd=REPO,
+    procs = [subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(out), "--json"], cwd=REPO, start_new_session=True,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
              for spec, out in jobs]
-    results = [(p.wait(timeout=900), *p.communicate()) for p in procs]
-    for code, out, err in results:
+    try:
+        # communicate, not wait: a build whose output fills the pipe would otherwise never end.
+        outputs = [p.communicate(timeout=900) for p in procs]
+    finally:
+        for p in procs:  # a build still running after a timeout is stopped, its ninja and compilers with it
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    results = [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
+    for code, _, err in results:
         assert code == 0, err
         assert "Traceback" not in err
     summaries = [json.loads(out) for _, out, _ in results]

@@ -4,7 +4,9 @@ and a per-user cache whose paths hold quotes and spaces still give a package tha
 
 from __future__ import annotations
 
+import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,11 @@ from conftest import build_json, import_package
 from shimgen import escape
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 pytestmark = pytest.mark.slow
 
@@ -37,9 +44,6 @@ def test_awkward_strings_build_a_package_that_imports(workdir: Path, tmp_path: P
 
 @pytest.mark.parametrize("text", ["", "plain", DESCRIPTION, "tab\there\nnew line\r\x00\x7f", "\\x41\\u0041 ??= */"])
 def test_literals_read_back_as_the_text(text: str) -> None:
-    import ast
-    import tomllib
-
     assert ast.literal_eval(escape.py(text)) == text
     assert tomllib.loads(f"v = {escape.toml(text)}")["v"] == text
     assert _c_string(escape.cpp(text)) == text.encode()

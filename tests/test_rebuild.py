@@ -105,18 +105,22 @@ def test_split_kernels_are_bit_identical(zoo_spec: Path, workdir: Path, tmp_path
     one_file = zoo_spec.with_name("zoo_split1.toml")
     one_file.write_text(zoo_spec.read_text().replace('name = "zoo"', 'name = "zoo_split1"') + "\n[flags]\nsplit = 1\n")
     split1 = build_json(one_file, workdir)
-    kernels = lambda s: sorted(Path(s["package_dir"]).parents[0].glob("codegen/convnet_cpu/kernels_*.cpp"))  # noqa: E731
+
+    def kernels(summary: dict[str, Any]) -> list[Path]:
+        return sorted(Path(summary["package_dir"]).parent.glob("codegen/convnet_cpu/kernels_*.cpp"))
+
     assert len(kernels(split1)) == 1 and len(kernels(split4)) > 1
     spec = load_spec(zoo_spec)
     for graph in spec.graph:
         sizes = {name: dim.example for name, dim in graph.dims.items()}
         inputs = make_inputs(graph, sizes, seed=3)
-        args = [t for i, t in zip(graph.inputs, inputs) if not i.keyword]
-        kwargs = {i.name: t for i, t in zip(graph.inputs, inputs) if i.keyword}
+        args = [t for i, t in zip(graph.inputs, inputs, strict=True) if not i.keyword]
+        kwargs = {i.name: t for i, t in zip(graph.inputs, inputs, strict=True) if i.keyword}
         a = call_in_subprocess(split4, graph.name, tmp_path, *args, **kwargs)
         b = call_in_subprocess(split1, graph.name, tmp_path, *args, **kwargs)
         flat_a, flat_b = torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)
-        assert all(torch.equal(p, q) for p, q in zip(flat_a, flat_b)) and len(flat_a) == len(flat_b)
+        assert flat_a and len(flat_a) == len(flat_b), (graph.name, a, b)
+        assert all(torch.equal(p, q) for p, q in zip(flat_a, flat_b, strict=True)), graph.name
 
 
 def test_killed_mid_compile_then_rebuilt(workdir: Path, tmp_path: Path) -> None:

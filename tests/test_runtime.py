@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.int64, torch.int32,
 
 
 @pytest.fixture(scope="module")
-def packages(built_mlp: dict[str, Any], built_multi: dict[str, Any], workdir: Path) -> list[tuple[Any, Graph, Any, Path]]:
+def packages(built_mlp: dict[str, Any], built_multi: dict[str, Any], workdir: Path) -> list[tuple[Any, Graph, Any]]:
     """(callable, graph spec, eager model) for every graph of mlp and multi."""
     out = []
     for summary, spec_name in ((built_mlp, "mlp.toml"), (built_multi, "multi.toml")):
@@ -40,7 +41,7 @@ def expected_error(graph: Graph, args: list[Any], kwargs: dict[str, Any]) -> typ
     positional = [i for i in graph.inputs if not i.keyword]
     if len(args) > len(positional):
         return TypeError
-    bound = dict(zip((i.name for i in positional), args))
+    bound = dict(zip((i.name for i in positional), args, strict=False))  # trailing inputs may come by keyword
     for key, value in kwargs.items():
         if key not in {i.name for i in graph.inputs} or key in bound:
             return TypeError
@@ -56,7 +57,7 @@ def expected_error(graph: Graph, args: list[Any], kwargs: dict[str, Any]) -> typ
             return TypeError
         if t.device.type != "cpu" or t.dim() != len(spec.shape):
             return ValueError
-        for size, want in zip(t.shape, spec.shape):
+        for size, want in zip(t.shape, spec.shape, strict=True):
             if isinstance(want, int) and size != want:
                 return ValueError
             if isinstance(want, str):
@@ -121,31 +122,34 @@ def test_random_bad_calls_raise_clear_errors(packages: list[tuple[Any, Graph, An
     assert seen["errors"] >= 1500
     # A good call afterwards still gives the right answer.
     inputs = make_inputs(graph, {n: d.max for n, d in graph.dims.items()}, seed=5)
-    args = [t for i, t in zip(graph.inputs, inputs) if not i.keyword]
-    kwargs = {i.name: t for i, t in zip(graph.inputs, inputs) if i.keyword}
+    args = [t for i, t in zip(graph.inputs, inputs, strict=True) if not i.keyword]
+    kwargs = {i.name: t for i, t in zip(graph.inputs, inputs, strict=True) if i.keyword}
     with torch.no_grad():
         torch.testing.assert_close(fn(*args, **kwargs), model(*args, **kwargs), rtol=1e-4, atol=1e-5)
 
 
 def test_threads_share_a_callable(packages: list[tuple[Any, Graph, Any]]) -> None:
+    """Eight threads call one callable at once (more threads than model instances); every call's
+    result is checked, and an exception in any thread fails the test through its future."""
     fn, graph, model = packages[0]
     inputs = [make_inputs(graph, {"batch": 1 + k % 64}, seed=k)[0] for k in range(16)]
     with torch.no_grad():
         expected = [model(x) for x in inputs]
-    failures: list[str] = []
+    threads, calls_each = 8, 100
+    start = threading.Barrier(threads)
 
-    def worker(k: int) -> None:
-        for step in range(100):
+    def worker(k: int) -> int:
+        start.wait(timeout=60)  # all threads call at once, not one after another as the pool starts them
+        for step in range(calls_each):
             j = (k + step) % len(inputs)
-            if not torch.allclose(fn(inputs[j]), expected[j], rtol=1e-5, atol=1e-5):
-                failures.append(f"thread {k} call {step}")
+            torch.testing.assert_close(fn(inputs[j]), expected[j], rtol=1e-5, atol=1e-5,
+                                       msg=lambda m, k=k, step=step: f"thread {k} call {step}: {m}")
+        return calls_each
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not failures
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        futures = [pool.submit(worker, k) for k in range(threads)]
+        done = [future.result(timeout=600) for future in futures]
+    assert done == [calls_each] * threads
 
 
 MEMORY_SCRIPT = """

@@ -26,6 +26,7 @@ def check(spec: Path, out: Path) -> dict[str, Any]:
     print(f"\n{spec.name}:\n" + "\n".join(f"  {c['graph']:<12} {c['case']:<12} {c['output']:<28} max abs err {c['max_abs']:.3g}"
                                          for c in report["comparisons"]))
     assert result.returncode == 0 and report["ok"], result.stderr
+    assert report["comparisons"], f"{spec.name}: check compared nothing"
     return report
 
 
@@ -94,6 +95,7 @@ def test_zoo_on_cuda(workdir: Path, spec_name: str, graphs: list[str], kwargs: s
     text = (workdir / "projects" / spec_name).read_text()
     blocks = text.split("[[graph]]")
     kept = [b for b in blocks[1:] if any(f'name = "{g}"' in b for g in graphs)]
+    assert len(kept) == len(graphs), f"{spec_name} lacks one of the graphs {graphs}"
     if kwargs:
         kept = [b.replace("inputs = [", kwargs + "inputs = [", 1) for b in kept]
         kept = [b.replace("batch = { min = 1, max = 8 }, seq = { min = 2, max = 64 }", "batch = { min = 1, max = 16 }, seq = { min = 8, max = 128 }")

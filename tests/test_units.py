@@ -1,0 +1,533 @@
+"""Fast unit tests of shimgen's pure functions: no C++ build, no torch.export, no torch import.
+
+Inputs are modelled on what Inductor, Meson and ninja really produce (a wrapper cut from torch
+2.13's AOTInductor output, its compile-flags JSON, ninja 1.13's failure log), and every test
+asserts exact outputs or properties that a wrong implementation breaks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+
+from shimgen import escape
+from shimgen.codegen import compile_flags, inductor_configs, split_wrapper
+from shimgen.errors import UserError
+from shimgen.files import write_if_changed
+from shimgen.meson import first_error as meson_first_error
+from shimgen.meson import unit_name
+from shimgen.render import TEMPLATES, _env, docstring, render_probe, target_id
+from shimgen.results import DICT, LIST, NONE, OBJECT, TENSOR, TUPLE, OutNode, OutType
+from shimgen.spec import Dim, Flags, Graph, Input, Target, load_spec
+from shimgen.toolchain import Toolchain
+
+
+def first_error(log: str, build: Path) -> str:
+    """The head of the message a failed compile shows: the failing unit, then the compiler's error."""
+    unit, text = meson_first_error(log, build)
+    return f"compile failed{f' in {unit}' if unit else ''}:\n{text}"
+
+
+# --- split_wrapper: Inductor's one wrapper.cpp cut into interface, model and kernel files ---------------------------
+
+# Written as Inductor writes them (not taken from shimgen.codegen): the test is about Inductor's real text.
+KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>\n"
+INCLUDES = [
+    "#include <torch/csrc/inductor/aoti_include/cpu.h>",
+    "#include <torch/csrc/inductor/aoti_runtime/interface.h>",
+    "#include <torch/csrc/inductor/aoti_runtime/model_container.h>",
+    "#include <iostream>",
+    "#include <vector>",
+]
+INTERFACE = (
+    f"\n{INCLUDES[0]}\n// Definition of AOTI runtime interface functions\n\n{INCLUDES[1]}\n{INCLUDES[2]}\n\n{INCLUDES[3]}\n{INCLUDES[4]}\n\n"
+    "static thread_local std::string g_aoti_last_error;\n\n"
+    'extern "C" {\n'
+    "AOTIRuntimeError AOTInductorModelContainerRun(AOTInductorModelContainerHandle container_handle) {\n"
+    "  CONVERT_EXCEPTION_TO_ERROR_CODE({ run(container_handle); })\n"
+    "}\n\n"
+    '} // extern "C"\n'
+)
+# Inductor's notes on how it would have compiled the file itself: build-machine temp paths.
+COMPILE_NOTES = (
+    "// Compile cmd\n"
+    "// g++ /tmp/torchinductor_root/cgffx4/cpzz4d.wrapper.cpp -D TORCH_INDUCTOR_CPP_WRAPPER -O3 -march=native "
+    "-c -o /tmp/torchinductor_root/cgffx4/cpzz4d.wrapper.o\n"
+    "// Link cmd\n"
+    "// g++ /tmp/torchinductor_root/cgffx4/cpzz4d.wrapper.o -shared -fPIC -o /tmp/torchinductor_root/cgffx4/cpzz4d.wrapper.so  -ltorch \n"
+    "// /usr/bin/clang++ /tmp/torchinductor_root/cgffx4/c5i72g.kernel.cpp -c -o /tmp/torchinductor_root/cgffx4/c5i72g.kernel.o\n"
+)
+
+
+def model_text(kernels: list[str]) -> str:
+    """The model class: declarations of the kernels and a run_impl that calls them."""
+    declarations = "".join(f'extern "C"  void  {k}(float* in_out_ptr0,\n                       const int64_t ks0);\n' for k in kernels)
+    calls = "".join(f"    {k}((float*)(buf0.data_ptr()), s0);\n" for k in kernels)
+    return (f"\n{declarations}CACHE_TORCH_DTYPE(float32);\nnamespace torch::aot_inductor {{\n"
+            "// Shared constructor for AOTInductorModelCreate\n"
+            f"void AOTInductorModel::run_impl(AtenTensorHandle* input_handles) {{\n{calls}}} // AOTInductorModel::run_impl\n"
+            "} // namespace torch::aot_inductor\n\n\n\n\n\n")
+
+
+def kernel_text(name: str, statements: int) -> str:
+    """One CPU kernel as Inductor appends it: its own include of cpp_prefix.h, then the function."""
+    body = "".join(f"        in_out_ptr0[{i}] = std::max(in_out_ptr0[{i}], 0.0f);\n" for i in range(statements))
+    return (f'{KERNEL_START}extern "C"  void  {name}(float* in_out_ptr0,\n                       const int64_t ks0)\n{{\n'
+            f"    #pragma omp simd\n    {{\n{body}    }}\n}}\n\n")
+
+
+def wrapper(kernels: dict[str, int], notes: str = COMPILE_NOTES) -> str:
+    return INTERFACE + model_text(list(kernels)) + "".join(kernel_text(k, n) for k, n in kernels.items()) + notes
+
+
+def kernels_by_name(files: list[str]) -> dict[str, str]:
+    """Every kernel of the kernel files by name; a kernel found twice fails."""
+    found: dict[str, str] = {}
+    for text in files:
+        assert text.startswith(KERNEL_START), text[:80]
+        for chunk in text.split(KERNEL_START)[1:]:
+            (name,) = re.findall(r'^extern "C"\s+void\s+(\w+)\(', chunk)
+            assert name not in found, f"kernel {name} is in two places"
+            found[name] = KERNEL_START + chunk
+    return found
+
+
+KERNELS = {"cpp_fused_0": 40, "cpp_fused_relu_1": 5, "cpp_fused_add_2": 30, "cpp_fused_mul_3": 10,
+           "cpp_fused_sigmoid_4": 20, "cpp_fused_exp_5": 25, "cpp_fused_cat_6": 3}
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 7, 12])
+def test_split_wrapper_keeps_every_kernel_exactly_once(parts: int) -> None:
+    interface, model, files = split_wrapper(wrapper(KERNELS), parts)
+    assert len(files) == min(parts, len(KERNELS))  # no empty kernel file
+    found = kernels_by_name(files)
+    assert sorted(found) == sorted(KERNELS)
+    # Nothing lost, nothing changed: the pieces put back in order give the wrapper without Inductor's notes.
+    clean = wrapper(KERNELS, notes="").rstrip() + "\n"
+    assert interface + model.removeprefix("\n".join(INCLUDES) + "\n") + "".join(found[k] for k in KERNELS) == clean
+    # Each file holds its kernels in the wrapper's order (stable diffs when one kernel changes).
+    for text in files:
+        names = re.findall(r'^extern "C"\s+void\s+(\w+)\(', text, re.M)
+        assert names == [k for k in KERNELS if k in names]
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_split_wrapper_balances_kernel_files(parts: int) -> None:
+    _, _, files = split_wrapper(wrapper(KERNELS), parts)
+    sizes = [len(text) for text in files]
+    largest_kernel = max(len(text) for text in kernels_by_name(files).values())
+    # Largest first into the emptiest file: no file outgrows another by more than one kernel.
+    assert max(sizes) - min(sizes) <= largest_kernel, sizes
+
+
+def test_split_wrapper_gives_a_dominant_kernel_a_file_of_its_own() -> None:
+    """A round-robin or in-order split would pair the big kernel with small ones; balancing must not."""
+    kernels = {"cpp_fused_big_0": 60, **{f"cpp_fused_small_{k}": 2 for k in range(1, 6)}}
+    _, _, files = split_wrapper(wrapper(kernels), 2)
+    groups = {frozenset(re.findall(r'^extern "C"\s+void\s+(\w+)\(', text, re.M)) for text in files}
+    assert groups == {frozenset({"cpp_fused_big_0"}), frozenset(f"cpp_fused_small_{k}" for k in range(1, 6))}
+
+
+def test_split_wrapper_interface_and_model() -> None:
+    interface, model, files = split_wrapper(wrapper(KERNELS), 4)
+    # The interface is the wrapper up to and including the end of the extern "C" block, as it was.
+    assert interface == INTERFACE and interface.endswith('} // extern "C"\n')
+    # The model gets the interface's includes (it no longer follows them in one file), then the model class.
+    assert model == "\n".join(INCLUDES) + "\n" + model_text(list(KERNELS))
+    assert KERNEL_START not in model and "std::max" not in model
+    assert "// Shared constructor for AOTInductorModelCreate" in model  # ordinary comments stay
+    assert "// Definition of AOTI runtime interface functions" in interface
+    for text in [interface, model, *files]:
+        assert "torchinductor_root" not in text and "Compile cmd" not in text and "Link cmd" not in text
+
+
+def test_split_wrapper_without_kernels() -> None:
+    """A graph of extern calls only (a lone GEMM) has no kernel of its own: no kernel file, no notes left."""
+    interface, model, files = split_wrapper(INTERFACE + model_text([]) + COMPILE_NOTES, 4)
+    assert files == []
+    assert interface == INTERFACE
+    assert model == "\n".join(INCLUDES) + "\n" + model_text([]).rstrip() + "\n"
+
+
+def test_split_wrapper_without_interface_block_is_a_user_error() -> None:
+    text = wrapper(KERNELS).replace('} // extern "C"\n', "}\n")
+    with pytest.raises(UserError, match="no runtime interface block"):
+        split_wrapper(text, 4)
+
+
+# --- compile flags: Inductor's flags JSON → the defines and arguments of the kernel translation units ----------------
+
+def flags_json(capability: str, passthrough: str, include_dirs: list[str] | None = None) -> dict[str, Any]:
+    """A wrapper_compile_flags.json as torch 2.13 writes it on a machine with `capability`."""
+    return {
+        "compiler": "g++",
+        "definitions": ["TORCH_INDUCTOR_CPP_WRAPPER", "STANDALONE_TORCH_HEADER", "TORCH_INDUCTOR_PRECOMPILE_HEADERS",
+                        " C10_USING_CUSTOM_GENERATED_MACROS", "", capability],
+        "include_dirs": include_dirs or ["/usr/include/python3.11", "/venv/lib/python3.11/site-packages/torch/include",
+                                         "/venv/lib/python3.11/site-packages/torch/include/torch/csrc/api/include"],
+        "cflags": ["O3", "DNDEBUG", "fno-omit-frame-pointer", "g1", "fno-trapping-math", "funsafe-math-optimizations",
+                   "ffinite-math-only", "fno-signed-zeros", "fno-finite-math-only", "fno-unsafe-math-optimizations", "fmath-errno",
+                   "ffp-contract=off", "fexcess-precision=fast", "fno-tree-loop-vectorize", "march=native", "fPIC", "Wall",
+                   "std=c++20", "Wno-unused-variable", "Wno-unknown-pragmas", "pedantic", "fopenmp"],
+        "ldflags": [], "libraries_dirs": [], "libraries": [],
+        "passthrough_args": ["", passthrough],
+        "aot_mode": True, "use_relative_path": False, "compile_only": True,
+    }
+
+
+AVX2_MACHINE = flags_json("CPU_CAPABILITY_AVX2", "-mavx2 -mfma -mf16c")
+AVX512_MACHINE = flags_json("CPU_CAPABILITY_AVX512", "-mavx512f -mavx512dq -mavx512vl -mavx512bw -mfma")
+DEFINES = ["TORCH_INDUCTOR_CPP_WRAPPER", "STANDALONE_TORCH_HEADER", "C10_USING_CUSTOM_GENERATED_MACROS"]
+# Inductor's math flags, in its order: they decide numerics, and a later flag overrides an earlier one
+# (-fno-finite-math-only after -ffinite-math-only), so order is part of the result.
+MATH = ["-fno-omit-frame-pointer", "-fno-trapping-math", "-funsafe-math-optimizations", "-ffinite-math-only", "-fno-signed-zeros",
+        "-fno-finite-math-only", "-fno-unsafe-math-optimizations", "-fmath-errno", "-ffp-contract=off", "-fexcess-precision=fast",
+        "-fno-tree-loop-vectorize"]
+
+
+def test_native_cpu_keeps_this_machines_isa() -> None:
+    defines, args = compile_flags(AVX2_MACHINE, Target(device="cpu", isa="native"))
+    assert defines == [*DEFINES, "CPU_CAPABILITY_AVX2"]
+    assert args == [*MATH, "-march=native", "-mavx2", "-mfma", "-mf16c"]
+
+
+@pytest.mark.parametrize("machine", [AVX2_MACHINE, AVX512_MACHINE], ids=["built-on-avx2", "built-on-avx512"])
+@pytest.mark.parametrize("isa,isa_args,capability", [
+    ("avx2", ["-march=x86-64-v3"], ["CPU_CAPABILITY_AVX2"]),
+    ("avx512", ["-march=x86-64-v4", "-mfma"], ["CPU_CAPABILITY_AVX512"]),
+    ("default", ["-march=x86-64"], []),
+])
+def test_portable_cpu_isa_comes_from_the_spec_not_the_machine(machine: dict[str, Any], isa: str, isa_args: list[str],
+                                                               capability: list[str]) -> None:
+    defines, args = compile_flags(machine, Target(device="cpu", isa=isa))
+    assert defines == [*DEFINES, *capability]
+    assert args == [*MATH, *isa_args]
+
+
+def test_cuda_host_code_gets_no_cpu_isa_and_cudas_headers() -> None:
+    machine = flags_json("CPU_CAPABILITY_AVX512", "-mavx512f -mfma", include_dirs=[
+        "/usr/include/python3.11", "/venv/lib/python3.11/site-packages/torch/include",
+        "/venv/lib/python3.11/site-packages/torch/include/torch/csrc/api/include", "/usr/local/cuda-13.0/include"])
+    defines, args = compile_flags(machine, Target(device="cuda", archs=["sm_90"]))
+    assert defines == DEFINES
+    assert args == [*MATH, "-I/usr/local/cuda-13.0/include"]
+
+
+def test_a_spec_cpu_target_without_isa_compiles_native(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[project]\nname = "demo"\n\n[[graph]]\nname = "forward"\nentry = "models.mlp:mlp"\n'
+                    'inputs = [{ name = "x", shape = [2, 32] }]\n\n[[target]]\ndevice = "cpu"\n')
+    (target,) = load_spec(spec).target
+    assert compile_flags(AVX2_MACHINE, target) == compile_flags(AVX2_MACHINE, Target(device="cpu", isa="native"))
+
+
+# --- inductor_configs: spec target and flags → Inductor settings -----------------------------------------------------
+
+CUDA = Target(device="cuda", archs=["sm_90"])
+
+
+def test_configs_every_graph_gets() -> None:
+    for target in (Target(device="cpu", isa="native"), Target(device="cpu", isa="avx2"), CUDA):
+        configs = inductor_configs(target, Flags(freezing=False, max_autotune=False), "/usr/bin/g++")
+        assert configs["aot_inductor.package_cpp_only"] is True
+        assert configs["aot_inductor.precompile_headers"] is False
+        assert configs["cpp.vec_isa_ok"] is True  # no ISA probe: the spec's target picks the ISA
+        assert configs["freezing"] is False and configs["max_autotune"] is False
+        assert configs["cpp.cxx"] == (None, "/usr/bin/g++")
+    assert "cpp.cxx" not in inductor_configs(CUDA, Flags())
+
+
+@pytest.mark.parametrize("isa,onednn,prepack,simdlen", [
+    ("native", True, True, None),
+    ("native", False, False, None),
+    ("avx2", True, False, 256),  # prepacked weights are blocked for the build machine's CPU: native only
+    ("avx512", True, False, 512),
+    ("default", True, False, 1),
+])
+def test_cpu_configs(isa: str, onednn: bool, prepack: bool, simdlen: int | None) -> None:
+    configs = inductor_configs(Target(device="cpu", isa=isa), Flags(onednn=onednn))
+    assert configs["cpp.weight_prepack"] is prepack
+    assert configs.get("cpp.simdlen") == simdlen
+    assert not {k for k in configs if k.startswith("max_autotune_") or "kernel_binary" in k or "multi_arch" in k}
+
+
+def test_cuda_configs_default_autotune_gemms_only() -> None:
+    configs = inductor_configs(CUDA, Flags())
+    assert configs["aot_inductor.embed_kernel_binary"] is True
+    assert configs["aot_inductor.emit_multi_arch_kernel"] is True
+    assert configs["max_autotune_gemm"] is True and configs["max_autotune_conv_backends"] == "ATEN"
+    assert configs["max_autotune"] is False
+    assert "cpp.weight_prepack" not in configs and "cpp.simdlen" not in configs  # CPU-only settings
+    assert not {k for k in configs if "tma" in k or "regex" in k}
+
+
+def test_cuda_configs_follow_gemm_autotune_and_max_autotune() -> None:
+    off = inductor_configs(CUDA, Flags(gemm_autotune=False))
+    assert "max_autotune_gemm" not in off and "max_autotune_conv_backends" not in off
+    # max_autotune times every choice, convolutions included: no GEMM-only switch, no restriction to ATen.
+    full = inductor_configs(CUDA, Flags(max_autotune=True))
+    assert full["max_autotune"] is True
+    assert "max_autotune_gemm" not in full and "max_autotune_conv_backends" not in full
+
+
+def test_cuda_tma_configs_leave_only_the_persistent_tma_template() -> None:
+    configs = inductor_configs(CUDA, Flags(tma=True))
+    assert configs["max_autotune"] is True
+    assert configs["max_autotune_gemm_backends"] == "TRITON"
+    assert configs["triton.enable_persistent_tma_matmul"] is True
+    keep = re.compile(configs["test_configs.autotune_choice_name_regex"])
+    # Choice names as Inductor's select_algorithm makes them: triton_<template name>_<index>.
+    assert keep.search("triton_mm_persistent_tma_0") and keep.search("triton_mm_persistent_tma_17")
+    assert not keep.search("triton_mm_3") and not keep.search("triton_bmm_12")
+
+
+# --- the first compile error in a ninja log ---------------------------------------------------------------------------
+
+BINDING_OBJECT = "_forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_binding.cpp.o"
+MODEL_OBJECT = "_forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_model.cpp.o"
+
+
+def compile_command(obj: str, source: str) -> str:
+    return (f"/usr/bin/c++ -I_forward_cpu.cpython-311-x86_64-linux-gnu.so.p -I. -I../project -I../project/src -fvisibility=hidden "
+            f"-fdiagnostics-color=always -DNDEBUG -std=c++20 -O1 -fPIC -fopenmp -DTORCH_INDUCTOR_CPP_WRAPPER -ffp-contract=off "
+            f"-march=native -MD -MQ {obj} -MF {obj}.d -o {obj} -c ../project/{source}")
+
+
+BINDING_ERROR = [
+    "../project/src/forward_cpu/binding.cpp:12:5: error: 'run_model' was not declared in this scope",
+    "   12 |     run_model(inputs);",
+    "      |     ^~~~~~~~~",
+]
+
+
+def ninja_log(failed: str, model_fails_too: bool = False) -> str:
+    """binding.cpp fails to compile; with `model_fails_too`, model.cpp also fails under -j2, after it.
+    `failed` is ninja's FAILED line for an output, in the format of one ninja version."""
+    lines = [
+        "ninja: Entering directory `/home/u/out/build/mlp/meson'",
+        "[shimgen 1/6] Compiling C++ object libforward_cpu_kernels.a.p/src_forward_cpu_kernels_0.cpp.o",
+        "[shimgen 2/6] Compiling C++ object libforward_cpu_kernels.a.p/src_forward_cpu_kernels_1.cpp.o",
+        "[shimgen 3/6] Compiling C++ object " + BINDING_OBJECT,
+        failed.format(BINDING_OBJECT),
+        compile_command(BINDING_OBJECT, "src/forward_cpu/binding.cpp"),
+        "../project/src/forward_cpu/binding.cpp: In function 'PyObject* forward_call(PyObject*, PyObject*)':",
+        *BINDING_ERROR,
+        "[shimgen 4/6] Compiling C++ object " + MODEL_OBJECT,
+    ]
+    if model_fails_too:
+        lines += [failed.format(MODEL_OBJECT), compile_command(MODEL_OBJECT, "src/forward_cpu/model.cpp"),
+                  "../project/src/forward_cpu/model.cpp:7:1: error: expected unqualified-id before '}' token"]
+    return "\n".join([*lines, "ninja: build stopped: subcommand failed."]) + "\n"
+
+
+NINJA_FAILED_LINES = pytest.mark.parametrize("failed", ["FAILED: [code=1] {} ", "FAILED: {} "], ids=["ninja-1.13", "ninja-1.12"])
+
+
+@NINJA_FAILED_LINES
+def test_first_error_names_the_failing_unit_and_its_error(failed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    message = first_error(ninja_log(failed), tmp_path / "build" / "mlp" / "meson")
+    # The source file (not the object), relative to where the user ran shimgen; then the compiler's
+    # error with its source excerpt; ninja's status lines, its FAILED line and the command left out.
+    assert message.splitlines() == [
+        "compile failed in build/mlp/project/src/forward_cpu/binding.cpp:",
+        *BINDING_ERROR,
+        "ninja: build stopped: subcommand failed.",
+    ]
+
+
+@NINJA_FAILED_LINES
+def test_first_error_of_several_failing_units_is_the_first(failed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    lines = first_error(ninja_log(failed, model_fails_too=True), tmp_path / "build" / "mlp" / "meson").splitlines()
+    assert lines[0] == "compile failed in build/mlp/project/src/forward_cpu/binding.cpp:"
+    assert lines[1:4] == BINDING_ERROR
+
+
+def test_first_error_stops_at_the_next_failed_unit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    message = first_error(ninja_log("FAILED: [code=1] {} ", model_fails_too=True), tmp_path / "build" / "mlp" / "meson")
+    assert "FAILED" not in message and "model.cpp" not in message, message
+
+
+def test_first_error_without_an_error_line_gives_the_logs_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler killed from outside (out of memory) prints nothing; the unit and the end of the log are what there is."""
+    monkeypatch.chdir(tmp_path)
+    log_lines = ["ninja: Entering directory `/home/u/out/build/mlp/meson'"]
+    log_lines += [f"[shimgen {k}/40] Compiling C++ object libforward_cpu_kernels.a.p/src_forward_cpu_kernels_{k}.cpp.o" for k in range(1, 31)]
+    log_lines += [f"FAILED: [code=137] {MODEL_OBJECT} ", compile_command(MODEL_OBJECT, "src/forward_cpu/model.cpp"),
+                  "ninja: build stopped: subcommand failed."]
+    message = first_error("\n".join(log_lines) + "\n", tmp_path / "build" / "mlp" / "meson")
+    header, *tail = message.splitlines()
+    assert header == "compile failed in build/mlp/project/src/forward_cpu/model.cpp:"
+    assert tail == log_lines[-len(tail):] and len(tail) < len(log_lines)
+    assert tail[-3].startswith("FAILED:") and tail[-1] == "ninja: build stopped: subcommand failed."
+
+
+@pytest.mark.parametrize("description,unit", [
+    ("Compiling C++ object _forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_model.cpp.o", "src_forward_cpu_model.cpp"),
+    ("Compiling C++ object libforward_cpu_kernels.a.p/src_forward_cpu_kernels_0.cpp.o", "src_forward_cpu_kernels_0.cpp"),
+    ("Linking target _forward_cpu.cpython-311-x86_64-linux-gnu.so", "_forward_cpu.cpython-311-x86_64-linux-gnu.so"),
+    ("Linking static target libforward_cpu_kernels.a", "libforward_cpu_kernels.a"),
+    # .ninja_log names outputs, not descriptions
+    ("_forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_binding.cpp.o", "src_forward_cpu_binding.cpp"),
+    ("", ""),
+])
+def test_unit_name(description: str, unit: str) -> None:
+    assert unit_name(description) == unit
+
+
+# --- render helpers ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target,expected", [
+    (Target(device="cpu", isa="native"), "cpu-native"),
+    (Target(device="cpu", isa="avx2"), "cpu-avx2"),
+    (Target(device="cpu", isa="default"), "cpu-default"),
+    (Target(device="cuda", archs=["sm_90"]), "cuda-sm_90"),
+    (Target(device="cuda", archs=["sm_80", "sm_90a"]), "cuda-sm_80-sm_90a"),
+])
+def test_target_id(target: Target, expected: str) -> None:
+    assert target_id(target) == expected
+    assert escape.plain(expected) == expected  # templates print it unquoted inside literals
+
+
+def node(kind: int, arity: int = 0, key: str | int | None = None, out_type: OutType | None = None) -> OutNode:
+    return OutNode(kind, arity, key, out_type)
+
+
+PROJECT_TYPE = "is defined in the project, which the package does not import"
+PAIR = OutType("models.outputs", "Pair", ("scaled", "shifted"), (), None, "namedtuple", PROJECT_TYPE)
+STATS = OutType("models.outputs", "Stats", ("mean", "spread"), ("mask",), None, "dict", PROJECT_TYPE)
+TOPK = OutType("torch.return_types", "topk", ("values", "indices"), (), "sequence", "namedtuple")
+
+
+def test_docstring_of_a_graph_with_keyword_layout_and_dims() -> None:
+    graph = Graph(name="heads", entry="models.heads:Heads", inputs=[
+        Input(name="x", shape=["batch", 32]),
+        Input(name="img", shape=["batch", 3, 8, 8], dtype="float16", memory_format="channels_last"),
+        Input(name="scale", shape=[32], keyword=True),
+    ], dims={"batch": Dim(min=1, max=16)})
+    out_nodes = [node(DICT, 2), node(TENSOR, key="logits"), node(TUPLE, 2, key="stats"), node(TENSOR), node(TENSOR)]
+    assert docstring(graph, out_nodes) == "\n".join([
+        "heads(x, img, *, scale)",
+        "",
+        "Inputs (checked on every call):",
+        "  x: float32[batch, 32]",
+        "  img: float16[batch, 3, 8, 8], channels_last",
+        "  scale: float32[32]",
+        "Dynamic dims:",
+        "  batch: 1..16",
+        "Returns: {'logits': Tensor, 'stats': (Tensor, Tensor)}",
+    ])
+
+
+def test_docstring_of_a_static_graph_returning_a_tensor() -> None:
+    graph = Graph(name="f", entry="m:f", inputs=[Input(name="a", shape=[4], dtype="int64")])
+    assert docstring(graph, [node(TENSOR)]) == "f(a)\n\nInputs (checked on every call):\n  a: int64[4]\nReturns: Tensor"
+
+
+def test_docstring_of_one_object_output_says_what_comes_back_on_the_same_line() -> None:
+    graph = Graph(name="pair", entry="models.outputs:pair", inputs=[Input(name="x", shape=[5, 16])])
+    returns = docstring(graph, [node(OBJECT, 2, out_type=PAIR), node(TENSOR, key="scaled"), node(TENSOR, key="shifted")]).splitlines()[-1]
+    assert returns == ("Returns: Pair(scaled: Tensor, shifted: Tensor): a namedtuple Pair of the same fields "
+                       f"(models.outputs.Pair {PROJECT_TYPE})")
+
+
+def test_docstring_of_nested_objects_notes_each_type_once() -> None:
+    graph = Graph(name="nested", entry="models.outputs:nested", inputs=[Input(name="x", shape=[4, 16])])
+    out_nodes = [
+        node(DICT, 5),
+        node(OBJECT, 2, "stats", STATS), node(TENSOR, key="mean"), node(TENSOR, key="spread"),
+        node(LIST, 3, "list"), node(TENSOR), node(NONE), node(TUPLE, 1), node(TENSOR),
+        node(OBJECT, 2, "top", TOPK), node(TENSOR, key="values"), node(TENSOR, key="indices"),
+        node(OBJECT, 2, "again", STATS), node(TENSOR, key="mean"), node(TENSOR, key="spread"),
+        node(TENSOR, key=7),
+    ]
+    returns = docstring(graph, out_nodes).split("Returns: ")[1].splitlines()
+    assert returns == [
+        "{'stats': Stats(mean: Tensor, spread: Tensor), 'list': [Tensor, None, (Tensor,)], 'top': topk(values: Tensor, indices: Tensor), "
+        "'again': Stats(mean: Tensor, spread: Tensor), 7: Tensor}",
+        f"  Stats: a dict in field order (models.outputs.Stats {PROJECT_TYPE})",
+        "  topk: a torch.return_types.topk when that is importable, else a namedtuple topk of the same fields",
+    ]
+
+
+# --- write_if_changed ----------------------------------------------------------------------------------------------
+
+def test_write_if_changed_creates_the_file_and_its_directories(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "model.cpp"
+    assert write_if_changed(path, "int x;\n") is True
+    assert path.read_bytes() == b"int x;\n"
+
+
+def test_write_if_changed_leaves_equal_content_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "model.cpp"
+    path.write_text("int é;\n", encoding="utf-8")
+    os.utime(path, ns=(1_000_000_000_000_000_000, 1_000_000_000_000_000_000))  # an old mtime, so a rewrite would show
+    before = path.stat()
+    assert write_if_changed(path, "int é;\n") is False
+    assert write_if_changed(path, "int é;\n".encode()) is False  # the same bytes, given as bytes
+    after = path.stat()
+    assert (after.st_mtime_ns, after.st_ino) == (before.st_mtime_ns, before.st_ino)
+    assert [p.name for p in tmp_path.iterdir()] == ["model.cpp"]
+
+
+def test_write_if_changed_replaces_changed_content_atomically(tmp_path: Path) -> None:
+    path = tmp_path / "model.cpp"
+    path.write_text("int x;\n")
+    assert write_if_changed(path, b"int y;\n") is True
+    assert path.read_bytes() == b"int y;\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.cpp"]  # no temporary file left beside it
+
+
+# --- templates ---------------------------------------------------------------------------------------------------------
+
+def test_every_template_refuses_a_missing_variable() -> None:
+    """StrictUndefined: a variable the caller forgot fails the render instead of printing nothing."""
+    env = _env()
+    assert env.undefined is jinja2.StrictUndefined
+    names = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.rglob("*.j2"))
+    assert len(names) >= 6, names
+    for name in names:
+        with pytest.raises(jinja2.UndefinedError):
+            env.get_template(name).render()
+
+
+def fake_toolchain(variable_maybe_owned: bool) -> Toolchain:
+    """A toolchain whose paths hold quotes and spaces, as a user's home directory may."""
+    return Toolchain(
+        python=sys.executable, python_version="3.11", torch_version="2.13.0",
+        torch_includes=("/home/o'neil/my venv/lib/python3.11/site-packages/torch/include", "/usr/include/python3.11"),
+        torch_lib="/home/o'neil/my venv/lib/python3.11/site-packages/torch/lib",
+        cxx="/usr/bin/g++", cxx_identity="g++ (GCC) 13.2.0", meson="/usr/bin/meson", ninja="/usr/bin/ninja",
+        variable_maybe_owned=variable_maybe_owned, has_last_error=True,
+    )
+
+
+@pytest.mark.parametrize("variable_maybe_owned", [True, False])
+def test_render_probe_writes_the_probe_project(tmp_path: Path, variable_maybe_owned: bool) -> None:
+    from mesonbuild import mparser
+
+    tc = fake_toolchain(variable_maybe_owned)
+    render_probe(tc, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["check_probe.py", "meson.build", "probe.cpp", "shimgen_runtime.h"]
+    for name in ("probe/probe.cpp", "probe/check_probe.py", "project/shimgen_runtime.h"):
+        assert (tmp_path / Path(name).name).read_bytes() == (TEMPLATES / name).read_bytes(), name
+    meson_build = (tmp_path / "meson.build").read_text()
+    mparser.Parser(meson_build, "meson.build").parse()  # valid Meson, quotes in the paths notwithstanding
+    for path in (*tc.torch_includes, tc.torch_lib):
+        assert escape.meson(path) in meson_build, path
+    assert ("-DSHIMGEN_VARIABLE_MAYBE_OWNED" in meson_build) is variable_maybe_owned
+
+    # Rendering the same toolchain again rewrites nothing (ninja would rebuild the probe otherwise).
+    old = 1_000_000_000_000_000_000
+    for path in tmp_path.iterdir():
+        os.utime(path, ns=(old, old))
+    render_probe(tc, tmp_path)
+    assert all(path.stat().st_mtime_ns == old for path in tmp_path.iterdir())
