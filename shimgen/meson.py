@@ -92,6 +92,12 @@ def built_files(build_dir: Path) -> tuple[Path, ...]:
     return tuple(sorted(Path(p) for p in json.loads(plan.read_text()) if (build_dir in Path(p).parents)))
 
 
+def target_file(build_dir: Path, target: str) -> Path:
+    """The file Meson built for `target` in `build_dir`, from its own target list."""
+    targets = json.loads((build_dir / "meson-info" / "intro-targets.json").read_text())
+    return Path(next(t["filename"][0] for t in targets if t["name"] == target))
+
+
 def _log(build_dir: Path, step: str) -> Path:
     return build_dir / "meson-logs" / f"shimgen-{step}.log"
 

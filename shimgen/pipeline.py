@@ -93,9 +93,11 @@ class Layout:
 
 @dataclass(frozen=True)
 class Tools:
-    """The proved toolchain, the CUDA half where a target needs it, and the compiler cache."""
+    """The proved toolchain with the runtime library its probe built, the CUDA half where a target
+    needs it, and the compiler cache."""
 
     tc: Toolchain
+    runtime_lib: Path
     cuda: CudaToolchain | None
     launcher: str | None
 
@@ -161,7 +163,8 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         shared = {t.device: prebuilt.ensure(tools.tc, t, [u for u in units if u.target is t], spec.flags, lambda msg: report("prebuilt", msg))
                   for t in spec.target}
     with timeline.stage("render"):
-        project = render.render_project(spec, layout.spec_path.name, tools.tc, tools.cuda, units, shared, layout.project)
+        project = render.render_project(spec, layout.spec_path.name, tools.tc, tools.runtime_lib, tools.cuda, units, shared,
+                                         layout.project)
     with timeline.stage("compile"):
         compiled = meson.build(layout.project, layout.meson, tools.tc, f"the package '{spec.project.name}'", tools.launcher,
                                lambda msg: report("compile", msg))
@@ -175,7 +178,7 @@ def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
     tc, verdicts = probe.select(lambda msg: report("toolchain", msg))
     for failed in verdicts[:-1]:
         report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
-    return Tools(tc, _cuda_toolchain(spec), toolchain.compiler_cache() if use_cache else None)
+    return Tools(tc, Path(verdicts[-1].runtime_lib), _cuda_toolchain(spec), toolchain.compiler_cache() if use_cache else None)
 
 
 def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:

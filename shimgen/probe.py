@@ -15,7 +15,7 @@ from pathlib import Path
 from . import render, toolchain
 from .errors import UserError
 from .files import exclusive, file_hash, stage_key, write_if_changed
-from .meson import BuildFailure, build
+from .meson import BuildFailure, build, target_file
 from .process import run
 from .toolchain import Toolchain
 
@@ -28,6 +28,7 @@ class Verdict:
     identity: str
     ok: bool
     reason: str = ""
+    runtime_lib: str = ""  # when ok: shimgen's runtime library, built and loaded by the probe, that every package links
 
 
 def select(waiting: Callable[[str], None] | None = None) -> tuple[Toolchain, list[Verdict]]:
@@ -53,7 +54,9 @@ def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[
     stamp = probe_dir / "verdict.json"
     with exclusive(cache / f"{key}.lock", waiting):
         if stamp.is_file() and not refresh:
-            return Verdict(**json.loads(stamp.read_text()))
+            cached = Verdict(**json.loads(stamp.read_text()))
+            if not cached.ok or Path(cached.runtime_lib).is_file():
+                return cached
         shutil.rmtree(probe_dir, ignore_errors=True)
         source, build_dir = probe_dir / "src", probe_dir / "build"
         render.render_probe(tc, source)
@@ -65,8 +68,8 @@ def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[
 
 def probe_key(tc: Toolchain) -> str:
     """The toolchain's key and the probe's own sources: a new shimgen proves its toolchain again."""
-    sources = sorted(p for p in (render.TEMPLATES / "probe").iterdir() if p.is_file())
-    return stage_key(tc.key, [(p.name, file_hash(p)) for p in sources], file_hash(render.TEMPLATES / "project" / "shimgen_runtime.h"))[:16]
+    return stage_key(tc.key, [(name, file_hash(render.TEMPLATES / name)) for name in render.PROBE_FILES],
+                     file_hash(render.TEMPLATES / "probe" / "meson.build.j2"))[:16]
 
 
 def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdict, bool]:
@@ -78,7 +81,7 @@ def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdi
         return Verdict(tc.cxx, tc.cxx_identity, False, f"{failure.step} failed: {_one_line(failure.detail)}"), lasting
     loaded = run([tc.python, str(source / "check_probe.py"), str(build_dir)], env=tc.env())
     if loaded.ok:
-        return Verdict(tc.cxx, tc.cxx_identity, True, "builds and loads the probe"), True
+        return Verdict(tc.cxx, tc.cxx_identity, True, "builds and loads the probe", str(target_file(build_dir, "shimgen_runtime"))), True
     if loaded.signal:
         return Verdict(tc.cxx, tc.cxx_identity, False, f"extensions it builds crash when loaded (signal {loaded.signal})"), not loaded.interrupted
     return Verdict(tc.cxx, tc.cxx_identity, False, f"the probe extension does not load: {loaded.tail(1)}"), True

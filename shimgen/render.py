@@ -21,6 +21,7 @@ from .toolchain import Toolchain
 from .toolchain.cuda import CudaToolchain
 
 TEMPLATES = Path(__file__).parent / "templates"
+PROBE_FILES = ("probe/probe.cpp", "probe/check_probe.py", "probe/shimgen_runtime.cpp", "project/shimgen_runtime.h")
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
 
 
@@ -40,7 +41,7 @@ def _env() -> jinja2.Environment:
 def render_probe(tc: Toolchain, out: Path) -> None:
     env = _env()
     write_if_changed(out / "meson.build", env.get_template("probe/meson.build.j2").render(tc=tc))
-    for name in ("probe/probe.cpp", "probe/check_probe.py", "project/shimgen_runtime.h"):
+    for name in PROBE_FILES:
         write_if_changed(out / Path(name).name, (TEMPLATES / name).read_bytes())
 
 
@@ -56,7 +57,8 @@ def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: 
 
 
 def render_project(
-    spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, units: list[Unit], prebuilt: dict[str, Prebuilt], out: Path,
+    spec: ProjectSpec, spec_file: str, tc: Toolchain, runtime_lib: Path, cuda: CudaToolchain | None, units: list[Unit],
+    prebuilt: dict[str, Prebuilt], out: Path,
 ) -> RenderedProject:
     """Write the generated Meson project into `out`."""
     env = _env()
@@ -94,6 +96,7 @@ def render_project(
         "spec_file": spec_file,
         "target_ids": target_ids,
         "tc": tc,
+        "runtime_lib": str(runtime_lib),
         "cuda": cuda,
         "torch_version": tc.torch_version,
         "python_version": tc.python_version,

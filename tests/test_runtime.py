@@ -152,6 +152,48 @@ def test_threads_share_a_callable(packages: list[tuple[Any, Graph, Any]]) -> Non
     assert done == [calls_each] * threads
 
 
+class PlainSubclass(torch.Tensor):
+    """A Python subclass without __torch_dispatch__: its data is the tensor's own."""
+
+
+def unusual_tensors() -> dict[str, tuple[Any, type[Exception] | None]]:
+    """Tensors torch can make that the binding must either run or reject with the input's error."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    x = torch.randn(4, 32)
+    parts = [torch.randn(2, 32), torch.randn(3, 32)]
+    return {
+        "nested": (torch.nested.nested_tensor(parts), TypeError),
+        "jagged": (torch.nested.nested_tensor(parts, layout=torch.jagged), TypeError),
+        "sparse_coo": (x.to_sparse(), TypeError),
+        "sparse_csr": (x.to_sparse_csr(), TypeError),
+        "mkldnn": (x.to_mkldnn(), TypeError),
+        "meta": (torch.empty(4, 32, device="meta"), ValueError),
+        "wrapper_subclass": (TwoTensor(x, x.clone()), TypeError),
+        "parameter": (torch.nn.Parameter(x), None),
+        "plain_subclass": (x.as_subclass(PlainSubclass), None),
+        "requires_grad": (x.clone().requires_grad_(), None),
+    }
+
+
+@pytest.mark.parametrize("kind", list(unusual_tensors()))
+def test_unusual_tensors_run_or_raise_the_inputs_error(packages: list[tuple[Any, Graph, Any]], kind: str) -> None:
+    """Nested, sparse, meta and wrapper-subclass tensors, whose sizes or data C++ cannot read as a
+    dense tensor's, raise a Python error naming the input (never a C++ exception through CPython)."""
+    fn, graph, model = packages[0]
+    validate = getattr(fn.__self__, f"_validate_{graph.name}")  # the extension module's argument checks alone
+    tensor, error = unusual_tensors()[kind]
+    if error is None:
+        validate(tensor)
+        with torch.no_grad():
+            torch.testing.assert_close(fn(tensor), model(tensor.detach().as_subclass(torch.Tensor)))
+        return
+    for call in (fn, validate):
+        with pytest.raises(error) as exc:
+            call(tensor)
+        assert str(exc.value).startswith(f"{graph.name}(): input 'x'"), str(exc.value)
+
+
 MEMORY_SCRIPT = """
 import os, sys, torch
 sys.path.insert(0, sys.argv[1])

@@ -499,31 +499,30 @@ def test_every_template_refuses_a_missing_variable() -> None:
             env.get_template(name).render()
 
 
-def fake_toolchain(variable_maybe_owned: bool) -> Toolchain:
+def fake_toolchain() -> Toolchain:
     """A toolchain whose paths hold quotes and spaces, as a user's home directory may."""
     return Toolchain(
         python=sys.executable, python_version="3.11", torch_version="2.13.0",
         torch_includes=("/home/o'neil/my venv/lib/python3.11/site-packages/torch/include", "/usr/include/python3.11"),
         torch_lib="/home/o'neil/my venv/lib/python3.11/site-packages/torch/lib",
         cxx="/usr/bin/g++", cxx_identity="g++ (GCC) 13.2.0", meson="/usr/bin/meson", ninja="/usr/bin/ninja",
-        variable_maybe_owned=variable_maybe_owned, has_last_error=True,
+        has_last_error=True,
     )
 
 
-@pytest.mark.parametrize("variable_maybe_owned", [True, False])
-def test_render_probe_writes_the_probe_project(tmp_path: Path, variable_maybe_owned: bool) -> None:
+def test_render_probe_writes_the_probe_project(tmp_path: Path) -> None:
     from mesonbuild import mparser
 
-    tc = fake_toolchain(variable_maybe_owned)
+    tc = fake_toolchain()
     render_probe(tc, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["check_probe.py", "meson.build", "probe.cpp", "shimgen_runtime.h"]
-    for name in ("probe/probe.cpp", "probe/check_probe.py", "project/shimgen_runtime.h"):
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["check_probe.py", "meson.build", "probe.cpp", "shimgen_runtime.cpp", "shimgen_runtime.h"]
+    for name in ("probe/probe.cpp", "probe/check_probe.py", "probe/shimgen_runtime.cpp", "project/shimgen_runtime.h"):
         assert (tmp_path / Path(name).name).read_bytes() == (TEMPLATES / name).read_bytes(), name
     meson_build = (tmp_path / "meson.build").read_text()
     mparser.Parser(meson_build, "meson.build").parse()  # valid Meson, quotes in the paths notwithstanding
     for path in (*tc.torch_includes, tc.torch_lib):
         assert escape.meson(path) in meson_build, path
-    assert ("-DSHIMGEN_VARIABLE_MAYBE_OWNED" in meson_build) is variable_maybe_owned
+    assert "static_library('shimgen_runtime'" in meson_build
 
     # Rendering the same toolchain again rewrites nothing (ninja would rebuild the probe otherwise).
     old = 1_000_000_000_000_000_000

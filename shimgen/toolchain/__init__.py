@@ -9,7 +9,6 @@ import importlib.metadata
 import importlib.util
 import json
 import os
-import re
 import shutil
 import sys
 import sysconfig
@@ -31,7 +30,6 @@ class Toolchain:
     cxx_identity: str
     meson: str
     ninja: str
-    variable_maybe_owned: bool
     has_last_error: bool
 
     @property
@@ -64,9 +62,6 @@ def detect(cxx: str | None = None) -> Toolchain:
     interface_header = include / "torch/csrc/inductor/aoti_runtime/interface.h"
     if not variable_header.is_file() or not interface_header.is_file():
         raise UserError(f"torch {torch_version} at {torch_dir} ships no C++ headers; a full torch wheel is needed")
-    layout = re.search(r"struct THPVariable \{.*?\n\s*(c10::MaybeOwned<at::Tensor>|at::Tensor) cdata;", variable_header.read_text(), re.S)
-    if layout is None:
-        raise UserError(f"torch {torch_version}: unknown THPVariable layout in {variable_header}; this torch is not supported")
     cxx = cxx or candidate_compilers()[0]
     return Toolchain(
         python=sys.executable,
@@ -78,7 +73,6 @@ def detect(cxx: str | None = None) -> Toolchain:
         cxx_identity=_compiler_identity(cxx),
         meson=_find_meson(),
         ninja=_find_ninja(),
-        variable_maybe_owned=layout.group(1).startswith("c10::MaybeOwned"),
         has_last_error="AOTInductorGetLastError" in interface_header.read_text(),
     )
 

@@ -1,5 +1,5 @@
-// shimgen toolchain probe: proves that this compiler's torch extensions load and that the
-// tensor round trip every binding relies on (shimgen_runtime.h) matches the installed torch.
+// shimgen toolchain probe: proves that this compiler's torch extensions load and that the runtime
+// library every package links (shimgen_runtime.h) round-trips tensors with the installed torch.
 #include "shimgen_runtime.h"
 
 #include <torch/csrc/inductor/aoti_runtime/model_base.h>

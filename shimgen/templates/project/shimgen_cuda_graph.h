@@ -11,6 +11,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
+#include "shimgen_runtime.h"
+
 #include <memory>
 #include <mutex>
 #include <string>
@@ -71,13 +73,16 @@ class CapturedModel {
   std::string run_once(size_t num_outputs, c10::cuda::CUDAStream stream, at::Tensor* outputs, Run run) {
     std::vector<AtenTensorHandle> in(static_inputs_.size()), out(num_outputs, nullptr);
     for (size_t i = 0; i < in.size(); ++i) {
-      aoti_torch_new_tensor_handle(reinterpret_cast<AtenTensorHandle>(&static_inputs_[i]), &in[i]);
+      in[i] = new_handle(static_inputs_[i]);
     }
     std::string error = run(in.data(), out.data(), static_cast<void*>(stream.stream()));
     for (size_t i = 0; i < num_outputs; ++i) {
       if (!out[i]) continue;
-      if (error.empty()) outputs[i] = std::move(*reinterpret_cast<at::Tensor*>(out[i]));
-      aoti_torch_delete_tensor_object(out[i]);
+      if (error.empty()) {
+        outputs[i] = take(out[i]);
+      } else {
+        aoti_torch_delete_tensor_object(out[i]);
+      }
     }
     return error;
   }
