@@ -30,8 +30,10 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from . import openmp
 from .errors import UserError
 from .files import replace_dir, source_hash, stage_key
+from .openmp import serial_fast_paths
 from .results import CodegenResult, TraceResult
 from .spec import Flags, Target
 
@@ -73,6 +75,10 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
         return configs
     # oneDNN-prepacked weights are blocked for the build machine's CPU: native ISA only.
     configs["cpp.weight_prepack"] = flags.onednn and target.isa == "native"
+    if flags.gemm_autotune and not flags.max_autotune:
+        configs.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN"})
+    # Kernels size their OpenMP teams by the calling thread's setting (torch.set_num_threads), not the build machine's.
+    configs["cpp.dynamic_threads"] = True
     if target.isa != "native":
         configs["cpp.simdlen"] = ISA_FLAGS[target.isa][0]
     return configs
@@ -80,7 +86,7 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
 
 def codegen_key(traced: TraceResult, target: Target, flags: Flags) -> str:
     return stage_key(traced.key, traced.reads, target.isa, target.archs, inductor_configs(target, flags), flags.onednn, flags.split,
-                     source_hash(sys.modules[__name__]))
+                     source_hash(sys.modules[__name__]), source_hash(openmp))
 
 
 def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str) -> CodegenResult:
@@ -107,7 +113,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         files, ptx = _extract(package)
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
     for k, text in enumerate(kernels):
-        (staging / f"kernels_{k}.cpp").write_text(text)
+        (staging / f"kernels_{k}.cpp").write_text(serial_fast_paths(text) if target.device == "cpu" else text)
     (staging / "interface.cpp").write_text(interface)
     (staging / "model.cpp").write_text(model)
     (staging / "weights.o").write_bytes(files[".weights.o"])

@@ -28,7 +28,8 @@ def test_inductor_configs_are_real_settings_and_follow_the_flags() -> None:
     default = inductor_configs(cuda, Flags())
     assert default["max_autotune_gemm"] and default["max_autotune_conv_backends"] == "ATEN"
     assert "max_autotune_gemm" not in inductor_configs(cuda, Flags(gemm_autotune=False))
-    assert "max_autotune_gemm" not in inductor_configs(Target(device="cpu", isa="native"), Flags())
+    assert inductor_configs(Target(device="cpu", isa="native"), Flags())["max_autotune_gemm_backends"] == "CPP,ATEN"
+    assert "max_autotune_gemm" not in inductor_configs(Target(device="cpu", isa="native"), Flags(gemm_autotune=False))
     for target, flags in ((cuda, Flags()), (cuda, Flags(tma=True)), (cuda, Flags(max_autotune=True)), (Target(device="cpu", isa="native"), Flags())):
         with torch._inductor.config.patch(inductor_configs(target, flags, "g++")):  # a misspelt name raises
             pass

@@ -152,6 +152,25 @@ def test_threads_share_a_callable(packages: list[tuple[Any, Graph, Any]]) -> Non
     assert done == [calls_each] * threads
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_results_match_eager_at_any_thread_count(packages: list[tuple[Any, Graph, Any]], built_mlp: dict[str, Any],
+                                                 built_multi: dict[str, Any], threads: int) -> None:
+    """Kernels size their OpenMP teams by torch.set_num_threads; at one thread each region runs its serial copy."""
+    kernels = [p for built in (built_mlp, built_multi) for p in (Path(built["package_dir"]).parent / "project" / "src").rglob("kernels_*.cpp")]
+    assert any("omp_get_max_threads() == 1" in p.read_text() for p in kernels), "no OpenMP region with a serial copy to exercise"
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for fn, graph, model in packages:
+            inputs = make_inputs(graph, {n: d.max for n, d in graph.dims.items()}, seed=threads)
+            args = [t for i, t in zip(graph.inputs, inputs, strict=True) if not i.keyword]
+            kwargs = {i.name: t for i, t in zip(graph.inputs, inputs, strict=True) if i.keyword}
+            with torch.no_grad():
+                torch.testing.assert_close(fn(*args, **kwargs), model(*args, **kwargs), rtol=1e-4, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)
+
+
 class PlainSubclass(torch.Tensor):
     """A Python subclass without __torch_dispatch__: its data is the tensor's own."""
 

@@ -22,6 +22,7 @@ from shimgen.errors import UserError
 from shimgen.files import write_if_changed
 from shimgen.meson import first_error as meson_first_error
 from shimgen.meson import unit_name
+from shimgen.openmp import serial_fast_paths
 from shimgen.render import TEMPLATES, _env, docstring, render_probe, target_id
 from shimgen.results import DICT, LIST, NONE, OBJECT, TENSOR, TUPLE, OutNode, OutType
 from shimgen.spec import Dim, Flags, Graph, Input, Target, load_spec
@@ -254,7 +255,15 @@ def test_cpu_configs(isa: str, onednn: bool, prepack: bool, simdlen: int | None)
     configs = inductor_configs(Target(device="cpu", isa=isa), Flags(onednn=onednn))
     assert configs["cpp.weight_prepack"] is prepack
     assert configs.get("cpp.simdlen") == simdlen
-    assert not {k for k in configs if k.startswith("max_autotune_") or "kernel_binary" in k or "multi_arch" in k}
+    assert configs["cpp.dynamic_threads"] is True  # OpenMP teams sized by the caller's torch.set_num_threads
+    # Every GEMM timed on the build machine: Inductor's C++ template against ATen (and oneDNN where prepacked).
+    assert configs["max_autotune_gemm"] is True and configs["max_autotune_gemm_backends"] == "CPP,ATEN"
+    assert not {k for k in configs if "kernel_binary" in k or "multi_arch" in k}
+
+
+def test_cpu_configs_without_gemm_autotune() -> None:
+    configs = inductor_configs(Target(device="cpu", isa="native"), Flags(gemm_autotune=False))
+    assert not {k for k in configs if k.startswith("max_autotune_")}
 
 
 def test_cuda_configs_default_autotune_gemms_only() -> None:
@@ -530,3 +539,70 @@ def test_render_probe_writes_the_probe_project(tmp_path: Path) -> None:
         os.utime(path, ns=(old, old))
     render_probe(tc, tmp_path)
     assert all(path.stat().st_mtime_ns == old for path in tmp_path.iterdir())
+
+
+# --- serial_fast_paths: OpenMP regions with a serial copy for one-thread callers ---------------------------------------
+
+KERNEL_WITH_REGION = """extern "C" void kernel(float* out, int64_t n)
+{
+    #pragma omp parallel
+    {
+        int tid = omp_get_thread_num();
+        {
+            #pragma omp for
+            for(int64_t x0=0; x0<n; x0+=1)
+            {
+                #pragma omp simd
+                for(int64_t x1=0; x1<4; x1+=1) { out[4*x0+x1] = x1; }  // a '}' in a comment
+            }
+        }
+        const char* label = "{ not a block";
+    }
+    #pragma omp parallel num_threads(2)
+    {
+        out[omp_get_thread_num()] = 0;
+    }
+}
+"""
+
+
+def test_serial_fast_path_copies_a_dynamic_region_without_its_team_directives() -> None:
+    out = serial_fast_paths(KERNEL_WITH_REGION)
+    serial, rest = out.split("if (omp_get_max_threads() == 1)\n", 1)[1].split("    else\n", 1)
+    assert "#pragma omp for" not in serial and "#pragma omp parallel" not in serial
+    assert "#pragma omp simd" in serial and '"{ not a block"' in serial and "omp_get_thread_num()" in serial
+    # The original region follows unchanged, in a block of its own; the fixed-size team is left alone.
+    region = KERNEL_WITH_REGION[KERNEL_WITH_REGION.index("    #pragma omp parallel\n") : KERNEL_WITH_REGION.index("    #pragma omp parallel num")]
+    assert region.rstrip() in rest
+    assert out.count("omp_get_max_threads() == 1") == 1 and "#pragma omp parallel num_threads(2)" in out
+
+
+def test_serial_fast_path_leaves_unbalanced_source_alone() -> None:
+    broken = "    #pragma omp parallel\n    {\n        f();\n"
+    assert serial_fast_paths(broken) == broken
+
+
+def test_serial_fast_path_compiles_and_matches(tmp_path: Path) -> None:
+    """The rewritten kernel compiles with OpenMP and computes what the original does, at one thread and at two."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++")
+    assert cxx, "these tests need g++"
+    main = """#include <omp.h>
+#include <cstdint>
+#include <cstdio>
+{kernel}
+int main() {{
+    float a[64] = {{}}, b[64] = {{}};
+    omp_set_num_threads(1); kernel(a, 16);
+    omp_set_num_threads(2); kernel(b, 16);
+    for (int i = 0; i < 64; ++i) printf("%g %g\\n", a[i], b[i]);
+}}
+"""
+    for name, kernel in (("original", KERNEL_WITH_REGION), ("rewritten", serial_fast_paths(KERNEL_WITH_REGION))):
+        (tmp_path / f"{name}.cpp").write_text(main.format(kernel=kernel.replace('extern "C" ', "")))
+        subprocess.run([cxx, "-fopenmp", "-O1", "-o", str(tmp_path / name), str(tmp_path / f"{name}.cpp")], check=True)
+    original = subprocess.run([str(tmp_path / "original")], capture_output=True, text=True, check=True).stdout
+    rewritten = subprocess.run([str(tmp_path / "rewritten")], capture_output=True, text=True, check=True).stdout
+    assert rewritten == original and original.count("\n") == 64

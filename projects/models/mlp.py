@@ -25,3 +25,16 @@ class Heads(nn.Module):
         logits = self.classify(h)
         return {"logits": logits, "stats": (h.mean(dim=-1), torch.softmax(logits, dim=-1))}
 
+
+
+class ResidualGelu(nn.Module):
+    """depth x (x + gelu(Linear(x))): the shape of a transformer's small MLP blocks."""
+
+    def __init__(self, width: int = 32, depth: int = 8) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + nn.functional.gelu(layer(x))
+        return x

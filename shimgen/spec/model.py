@@ -170,10 +170,11 @@ class Flags:
         default=False,
     )
     gemm_autotune: bool = doc(
-        "CUDA only: for every matmul, time Inductor's Triton GEMM templates (with the following pointwise "
-        "ops fused in) against cuBLAS on the build GPU and keep the faster. Convolutions stay on cuDNN. "
-        "Costs seconds per distinct GEMM shape at cold builds, and the measured choice may differ between "
-        "builds. Launch-bound models gain most: one kernel per Linear+ReLU instead of two.",
+        "Time every matmul's kernel choices on the build machine for the traced shapes and keep the fastest, "
+        "with the following pointwise ops fused in. CPU: Inductor's C++ GEMM template against ATen, and "
+        "oneDNN where onednn prepacks weights (8 x (Linear 32, gelu, residual), batch 4, 1 thread: 6.3 vs "
+        "154 us without). CUDA: Inductor's Triton GEMM templates against cuBLAS; convolutions stay on cuDNN. "
+        "Costs seconds per distinct GEMM shape at cold builds, and the measured choice may differ between builds.",
         default=True,
     )
     cuda_graphs: bool = doc(
