@@ -33,7 +33,6 @@ from unittest import mock
 from . import openmp
 from .errors import UserError
 from .files import replace_dir, source_hash, stage_key
-from .openmp import serial_fast_paths
 from .results import CodegenResult, TraceResult
 from .spec import Flags, Target
 
@@ -113,7 +112,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         files, ptx = _extract(package)
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
     for k, text in enumerate(kernels):
-        (staging / f"kernels_{k}.cpp").write_text(serial_fast_paths(text) if target.device == "cpu" else text)
+        (staging / f"kernels_{k}.cpp").write_text(openmp.serial_fast_paths(text) if target.device == "cpu" else text)
     (staging / "interface.cpp").write_text(interface)
     (staging / "model.cpp").write_text(model)
     (staging / "weights.o").write_bytes(files[".weights.o"])

@@ -57,6 +57,7 @@ def _load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
 
 
 _scopes: list[tuple[Path, set[Path]]] = []  # the open project scopes: (spec dir, files read under it)
+_watching = False  # the audit hook is installed
 
 
 @contextmanager
@@ -103,9 +104,6 @@ def _watch_opens() -> None:
     if not _watching:
         sys.addaudithook(_on_audit_event)
         _watching = True
-
-
-_watching = False
 
 
 def _on_audit_event(event: str, args: tuple[Any, ...]) -> None:
