@@ -163,6 +163,12 @@ def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
     print(f"  {'total':<10} {sum(result.stages.values()):>8.2f}", file=err)
     if result.slowest_units:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
+    for unit, choices in result.kernel_choices.items():
+        print(f"  kernels chosen by timing, {unit} (us per call; CPU candidates timed with one thread):", file=err)
+        for c in choices:
+            others = ", ".join(f"{name} {us:g}" for name, us in c.us.items() if name != c.picked)
+            times = f" x{c.count}" if c.count > 1 else ""
+            print(f"    {c.op}({', '.join(c.sizes)}){times}: {c.picked} {c.us[c.picked]:g}" + (f"; {others}" if others else ""), file=err)
 
 
 def _check(args: argparse.Namespace) -> int:

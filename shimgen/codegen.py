@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from . import openmp
+from . import kernel_choice, openmp
 from .errors import UserError
 from .files import replace_dir, source_hash, stage_key
 from .results import CodegenResult, TraceResult
@@ -72,20 +72,30 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
                             "triton.enable_persistent_tma_matmul": True,
                             "test_configs.autotune_choice_name_regex": r"^(?!triton_(mm|bmm)_\d)"})
         return configs
-    # oneDNN-prepacked weights are blocked for the build machine's CPU: native ISA only.
-    configs["cpp.weight_prepack"] = flags.onednn and target.isa == "native"
+    # Inductor's C++ GEMM template packs the weights itself, for the target's ISA; Inductor offers it only with
+    # cpp.weight_prepack, which also lets oneDNN and MKL prepack where `uses_onednn` allows.
+    configs["cpp.weight_prepack"] = flags.gemm_autotune or uses_onednn(target, flags)
     if flags.gemm_autotune and not flags.max_autotune:
         configs.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN"})
     # Kernels size their OpenMP teams by the calling thread's setting (torch.set_num_threads), not the build machine's.
-    configs["cpp.dynamic_threads"] = True
+    # The GEMM template is written for cpp.threads partitions: at least two, so that it has a parallel region
+    # (openmp.gemm_threads_from_caller then shares them among the caller's team).
+    configs.update({"cpp.dynamic_threads": True, "cpp.threads": max(2, os.cpu_count() or 1)})
     if target.isa != "native":
         configs["cpp.simdlen"] = ISA_FLAGS[target.isa][0]
     return configs
 
 
+def uses_onednn(target: Target, flags: Flags) -> bool:
+    """Whether Inductor may hand CPU convolutions and linear layers to oneDNN and MKL with prepacked weights:
+    their packed layouts are made for the build machine's CPU, so native ISA only."""
+    return target.device == "cpu" and flags.onednn and target.isa == "native"
+
+
 def codegen_key(traced: TraceResult, target: Target, flags: Flags) -> str:
     return stage_key(traced.key, traced.reads, target.isa, target.archs, inductor_configs(target, flags), flags.onednn, flags.split,
-                     source_hash(sys.modules[__name__]), source_hash(openmp))
+                     source_hash(sys.modules[__name__]), source_hash(openmp),
+                     source_hash(kernel_choice))
 
 
 def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str) -> CodegenResult:
@@ -103,7 +113,8 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
             private = _private_inductor_cache(Path(tmp)) if target.device == "cuda" else nullcontext()
-            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=flags.onednn), _quiet_autotuning(), private:
+            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags)), _quiet_autotuning(), private, \
+                    kernel_choice.recorded(target.device) as choices:
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
                 )
@@ -112,7 +123,9 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         files, ptx = _extract(package)
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
     for k, text in enumerate(kernels):
-        (staging / f"kernels_{k}.cpp").write_text(openmp.serial_fast_paths(text) if target.device == "cpu" else text)
+        if target.device == "cpu":
+            text = openmp.serial_fast_paths(openmp.gemm_threads_from_caller(text))
+        (staging / f"kernels_{k}.cpp").write_text(text)
     (staging / "interface.cpp").write_text(interface)
     (staging / "model.cpp").write_text(model)
     (staging / "weights.o").write_bytes(files[".weights.o"])
@@ -122,7 +135,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
     return CodegenResult(
         key, out_dir / "interface.cpp", out_dir / "model.cpp", tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
         out_dir / "weights.o", tuple(out_dir / name for name in ptx_names), tuple(out_dir / "triton" / name for name in triton_names),
-        tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs,
+        tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs, kernel_choice.merged(choices),
     )
 
 

@@ -1,5 +1,6 @@
-"""Serial fast paths for Inductor's OpenMP regions.
+"""OpenMP teams of the calling thread in Inductor's CPU kernels.
 
+Serial fast paths:
 libgomp enters every `#pragma omp parallel` through a team, even a team of one thread, and ends each
 worksharing loop and the region itself at a team barrier that makes a futex system call: about 0.3 us
 twice per region. Microsecond models called with one thread spend most of their time there (a tiny
@@ -7,6 +8,12 @@ MLP: 16 system calls per call). Each region therefore gets a copy of its body wi
 directives, taken when the calling thread would run the region alone (`torch.set_num_threads(1)`
 sets what `omp_get_max_threads()` reads). A team of one executes its region exactly as the serial
 copy does: the thread number is 0 and the team size 1 in both.
+
+GEMM thread partitions: Inductor's C++ GEMM template is written for `parallel_num_threads()` at
+codegen, the build machine's core count (`constexpr int64_t num_threads = 2;` and a worksharing loop
+over 2 partitions), so a wheel built on 2 cores would run each GEMM in 2 partitions on any machine.
+Where the template computes its blocking at run time (a dynamic M), the count becomes the caller's
+team size; with a static M the blocking is constant, made for the build machine's count.
 """
 
 from __future__ import annotations
@@ -19,6 +26,26 @@ _REGION = re.compile(r"^([ \t]*)#pragma omp parallel[ \t]*\n[ \t]*(?=\{)", re.M)
 # Directives of the region's own team; `simd` (vectorization) and `declare` are not team directives.
 _TEAM_DIRECTIVE = re.compile(r"^[ \t]*#pragma omp (?!simd\b|declare\b)[^\n]*\n", re.M)
 _SKIP = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
+
+
+_GEMM_THREADS = re.compile(r"constexpr int64_t num_threads = (\d+);")
+
+
+def gemm_threads_from_caller(source: str) -> str:
+    """`source` with each C++ GEMM template whose blocking is computed at run time (a dynamic M) sharing its
+    partitions among the caller's team, `omp_get_max_threads()`."""
+    parts = _GEMM_THREADS.split(source)  # text, count, the template's text up to the next count, ...
+    out = [parts[0]]
+    for count, text in zip(parts[1::2], parts[2::2], strict=True):
+        # A template made for one thread (the BMM template's per-batch GEMM) has no partitions to share.
+        if int(count) > 1 and "mm_get_thread_blocking(num_threads," in text:
+            out.append("const int64_t num_threads = omp_get_max_threads();")
+            text = text.replace(f"tid < {count}; tid++)", "tid < num_threads; tid++)")
+            text = text.replace(f"Kt_blocks * {count} >=", "Kt_blocks * num_threads >=")
+        else:
+            out.append(f"constexpr int64_t num_threads = {count};")
+        out.append(text)
+    return "".join(out)
 
 
 def serial_fast_paths(source: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 from . import codegen, meson, package, prebuilt, probe, render, toolchain, trace
 from .errors import SpecError, UserError
 from .files import exclusive, file_hash, stage_key
-from .results import CodegenResult, CompileResult, PackageResult, RenderedProject, Stamp, TraceResult, Unit, unit_name
+from .results import CodegenResult, CompileResult, KernelChoice, PackageResult, RenderedProject, Stamp, TraceResult, Unit, to_json, unit_name
 from .spec import Graph, ProjectSpec, Target, load_spec
 from .state import State
 from .toolchain import Toolchain
@@ -40,6 +40,7 @@ class BuildOutput:
     slowest_units: list[tuple[str, float]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     compiler_cache: str | None = None
+    kernel_choices: dict[str, tuple[KernelChoice, ...]] = field(default_factory=dict)  # by unit
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -53,6 +54,7 @@ class BuildOutput:
             "slowest_units": [{"unit": u, "seconds": s} for u, s in self.slowest_units],
             "skipped": self.skipped,
             "compiler_cache": self.compiler_cache,
+            "kernel_choices": to_json(self.kernel_choices),
         }
 
 
@@ -157,7 +159,11 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         tools = _tools(spec, use_cache, report)
     job = Job(spec, layout, tools, State(layout.state_file, fresh=force), timeline)
     _keep_meson_dir_if_configured_for(job)
-    units = [_generate(job, i, graph, target) for target in spec.target for i, graph in enumerate(spec.graph)]
+    # Inductor registers its oneDNN weight-packing passes once per process, as the first CPU freezing finds oneDNN
+    # on or off (codegen.uses_onednn): CPU units go first, so that they decide it.
+    generated = {(t.device, i): _generate(job, i, graph, t)
+                 for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, graph in enumerate(spec.graph)}
+    units = [generated[t.device, i] for t in spec.target for i in range(len(spec.graph))]
     job.state.forget_all_but("unit:", {f"unit:{kind}:{u.name}" for u in units for kind in ("trace", "codegen")})
     with timeline.stage("prebuilt"):
         shared = {t.device: prebuilt.ensure(tools.tc, t, [u for u in units if u.target is t], spec.flags, lambda msg: report("prebuilt", msg))
@@ -171,7 +177,8 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
     packaged = _package(job, project, compiled)
     return BuildOutput(spec.project.name, "+".join(render.target_id(t) for t in spec.target), packaged.wheel, packaged.site,
                        [g.name for g in spec.graph], timeline.seconds, (compiled.units_done, compiled.units_total),
-                       sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5], timeline.skipped, tools.launcher)
+                       sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5], timeline.skipped, tools.launcher,
+                       {u.name: u.code.kernel_choices for u in units if u.code.kernel_choices})
 
 
 def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:

@@ -105,7 +105,8 @@ def render_project(
         "targets": targets,
         "units": unit_context,
         "graphs": [g.name for g in spec.graph],
-        "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g)) for g in spec.graph},
+        "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g), spec.runtime.instances,
+                                         any(t.device == "cpu" for t in spec.target)) for g in spec.graph},
     }
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
@@ -156,11 +157,12 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str,
         "num_models": 1 if cuda_graphs else spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
         "has_last_error": tc.has_last_error,
-        "docstring": docstring(graph, u.code.out_nodes),
+        "docstring": docstring(graph, u.code.out_nodes, 1 if cuda_graphs else spec.runtime.instances, u.target.device == "cpu"),
     }
 
 
-def docstring(graph: Graph, out_nodes: tuple[OutNode, ...]) -> str:
+def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | None = None, cpu: bool = False) -> str:
+    """The callable's docstring; `instances` and `cpu` add how calls share threads."""
     positional = [i.name for i in graph.inputs if not i.keyword]
     keyword = [i.name for i in graph.inputs if i.keyword]
     params = ", ".join(positional + (["*"] + keyword if keyword else []))
@@ -172,6 +174,12 @@ def docstring(graph: Graph, out_nodes: tuple[OutNode, ...]) -> str:
     if graph.dims:
         lines.append("Dynamic dims:")
         lines += [f"  {name}: {d.min}..{d.max}" for name, d in graph.dims.items()]
+    if cpu:
+        lines.append("Threads: CPU kernels run on as many threads as torch.get_num_threads() gives in the calling thread at the "
+                     "call (torch.set_num_threads); one thread runs them without an OpenMP team.")
+    if instances:
+        lines.append(f"Calls from {instances} Python threads run at once, each on its own model instance (the GIL is "
+                     "released); further calls wait for an instance.")
     notes = _type_notes(out_nodes)
     if len(notes) == 1 and out_nodes[0].kind == OBJECT:
         lines.append(f"Returns: {_structure_text(out_nodes)}: {notes[0][1]}")

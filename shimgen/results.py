@@ -64,6 +64,17 @@ class TraceResult:
 
 
 @dataclass(frozen=True)
+class KernelChoice:
+    """One kernel selection Inductor made by timing: the op, its input sizes, the winner and every candidate's time."""
+
+    op: str  # Inductor's name for the selection: mm, addmm, linear_unary, ...
+    sizes: tuple[str, ...]  # each input's sizes at the traced example, "4x32"
+    picked: str  # "<kind> <kernel>", as in `us`
+    us: dict[str, float]  # microseconds per call of each candidate, fastest first
+    count: int = 1  # identical selections in the graph
+
+
+@dataclass(frozen=True)
 class CodegenResult:
     """Inductor's C++ for one graph on one target, cut into translation units, and how to compile it."""
 
@@ -78,6 +89,7 @@ class CodegenResult:
     inductor_args: tuple[str, ...]
     out_nodes: tuple[OutNode, ...]
     num_outputs: int
+    kernel_choices: tuple[KernelChoice, ...] = ()
 
     @property
     def files(self) -> tuple[Path, ...]:

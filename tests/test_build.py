@@ -38,6 +38,12 @@ def test_build_summary(built_mlp: dict[str, Any], workdir: Path) -> None:
     assert {"toolchain", "trace", "codegen", "render", "compile", "package"} <= set(built_mlp["stages"])
     assert built_mlp["compiled_units"]["done"] == built_mlp["compiled_units"]["total"] > 0
     assert built_mlp["target"] == "cpu-native"
+    # gemm_autotune (on by default) timed each Linear's candidates; the summary names the winner and every time.
+    choices = built_mlp["kernel_choices"]["forward_cpu"]
+    assert sum(c["count"] for c in choices) == 8  # mlp.toml: 8 Linear layers
+    for c in choices:
+        assert c["picked"] in c["us"] and c["us"][c["picked"]] == min(c["us"].values()) and len(c["us"]) >= 2
+        assert c["sizes"][0].startswith("4x") or c["sizes"][1].startswith("4x")  # the example batch, 4
 
 
 def test_mlp_matches_eager(built_mlp: dict[str, Any], workdir: Path) -> None:

@@ -152,7 +152,7 @@ def test_threads_share_a_callable(packages: list[tuple[Any, Graph, Any]]) -> Non
     assert done == [calls_each] * threads
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_results_match_eager_at_any_thread_count(packages: list[tuple[Any, Graph, Any]], built_mlp: dict[str, Any],
                                                  built_multi: dict[str, Any], threads: int) -> None:
     """Kernels size their OpenMP teams by torch.set_num_threads; at one thread each region runs its serial copy."""

@@ -17,12 +17,12 @@ import jinja2
 import pytest
 
 from shimgen import escape
-from shimgen.codegen import compile_flags, inductor_configs, split_wrapper
+from shimgen.codegen import compile_flags, inductor_configs, split_wrapper, uses_onednn
 from shimgen.errors import UserError
 from shimgen.files import write_if_changed
 from shimgen.meson import first_error as meson_first_error
 from shimgen.meson import unit_name
-from shimgen.openmp import serial_fast_paths
+from shimgen.openmp import gemm_threads_from_caller, serial_fast_paths
 from shimgen.render import TEMPLATES, _env, docstring, render_probe, target_id
 from shimgen.results import DICT, LIST, NONE, OBJECT, TENSOR, TUPLE, OutNode, OutType
 from shimgen.spec import Dim, Flags, Graph, Input, Target, load_spec
@@ -244,18 +244,22 @@ def test_configs_every_graph_gets() -> None:
     assert "cpp.cxx" not in inductor_configs(CUDA, Flags())
 
 
-@pytest.mark.parametrize("isa,onednn,prepack,simdlen", [
-    ("native", True, True, None),
-    ("native", False, False, None),
-    ("avx2", True, False, 256),  # prepacked weights are blocked for the build machine's CPU: native only
-    ("avx512", True, False, 512),
-    ("default", True, False, 1),
+@pytest.mark.parametrize("isa,onednn,simdlen", [
+    ("native", True, None),
+    ("native", False, None),
+    ("avx2", True, 256),
+    ("avx512", True, 512),
+    ("default", True, 1),
 ])
-def test_cpu_configs(isa: str, onednn: bool, prepack: bool, simdlen: int | None) -> None:
-    configs = inductor_configs(Target(device="cpu", isa=isa), Flags(onednn=onednn))
-    assert configs["cpp.weight_prepack"] is prepack
+def test_cpu_configs(isa: str, onednn: bool, simdlen: int | None) -> None:
+    target = Target(device="cpu", isa=isa)
+    configs = inductor_configs(target, Flags(onednn=onednn))
+    # oneDNN's and MKL's packed weights are laid out for the build machine's CPU: native only.
+    assert uses_onednn(target, Flags(onednn=onednn)) is (onednn and isa == "native")
+    assert configs["cpp.weight_prepack"] is True  # Inductor offers its C++ GEMM template only with prepacking on
     assert configs.get("cpp.simdlen") == simdlen
     assert configs["cpp.dynamic_threads"] is True  # OpenMP teams sized by the caller's torch.set_num_threads
+    assert configs["cpp.threads"] >= 2  # GEMM templates get a parallel region, partitioned at run time
     # Every GEMM timed on the build machine: Inductor's C++ template against ATen (and oneDNN where prepacked).
     assert configs["max_autotune_gemm"] is True and configs["max_autotune_gemm_backends"] == "CPP,ATEN"
     assert not {k for k in configs if "kernel_binary" in k or "multi_arch" in k}
@@ -264,6 +268,8 @@ def test_cpu_configs(isa: str, onednn: bool, prepack: bool, simdlen: int | None)
 def test_cpu_configs_without_gemm_autotune() -> None:
     configs = inductor_configs(Target(device="cpu", isa="native"), Flags(gemm_autotune=False))
     assert not {k for k in configs if k.startswith("max_autotune_")}
+    assert configs["cpp.weight_prepack"] is True  # for oneDNN
+    assert inductor_configs(Target(device="cpu", isa="avx2"), Flags(gemm_autotune=False))["cpp.weight_prepack"] is False
 
 
 def test_cuda_configs_default_autotune_gemms_only() -> None:
@@ -441,6 +447,15 @@ def test_docstring_of_a_static_graph_returning_a_tensor() -> None:
     assert docstring(graph, [node(TENSOR)]) == "f(a)\n\nInputs (checked on every call):\n  a: int64[4]\nReturns: Tensor"
 
 
+def test_docstring_says_how_threads_are_chosen() -> None:
+    graph = Graph(name="f", entry="m:f", inputs=[Input(name="a", shape=[4])])
+    threads, calls, returns = docstring(graph, [node(TENSOR)], instances=3, cpu=True).splitlines()[-3:]
+    assert returns == "Returns: Tensor"
+    assert threads.startswith("Threads: ") and "torch.set_num_threads" in threads
+    assert calls.startswith("Calls from 3 Python threads run at once")
+    assert "Threads:" not in docstring(graph, [node(TENSOR)], instances=1)
+
+
 def test_docstring_of_one_object_output_says_what_comes_back_on_the_same_line() -> None:
     graph = Graph(name="pair", entry="models.outputs:pair", inputs=[Input(name="x", shape=[5, 16])])
     returns = docstring(graph, [node(OBJECT, 2, out_type=PAIR), node(TENSOR, key="scaled"), node(TENSOR, key="shifted")]).splitlines()[-1]
@@ -606,3 +621,40 @@ int main() {{
     original = subprocess.run([str(tmp_path / "original")], capture_output=True, text=True, check=True).stdout
     rewritten = subprocess.run([str(tmp_path / "rewritten")], capture_output=True, text=True, check=True).stdout
     assert rewritten == original and original.count("\n") == 64
+
+
+# --- gemm_threads_from_caller: the C++ GEMM template's partitions follow the caller's team ----------------------------
+
+GEMM_TEMPLATE = """extern "C" void cpp_fused_{name}(const float* X, float* Y, const int64_t ks0)
+{{
+    constexpr int64_t num_threads = {threads};
+    const int64_t M = ks0;
+    {blocking}
+    AOTI_TORCH_CHECK(
+        Mt_blocks * Nt_blocks * Kt_blocks * {threads} >= Mr_blocks * Nr_blocks * Kr_blocks,
+        "Not all partitions are assigned."
+    );
+    #pragma omp parallel
+    {{
+        #pragma omp for schedule(static, 1)
+        for (int64_t tid = 0; tid < {threads}; tid++) {{ work(tid); }}
+    }}
+}}
+"""
+DYNAMIC_M = "mm_get_thread_blocking(num_threads, 1, M, N, K, Mr, Nr, Kr, Mt_blocks, Nt_blocks, Kt_blocks);"
+STATIC_M = "constexpr int64_t Mt_blocks = 1;"
+
+
+def test_gemm_threads_follow_the_caller_where_blocking_is_computed_at_run_time() -> None:
+    source = GEMM_TEMPLATE.format(name="a", threads=2, blocking=DYNAMIC_M) + GEMM_TEMPLATE.format(name="b", threads=2, blocking=STATIC_M)
+    dynamic, static = gemm_threads_from_caller(source).split('extern "C" void cpp_fused_b')
+    assert "const int64_t num_threads = omp_get_max_threads();" in dynamic
+    assert "tid < num_threads;" in dynamic and "Kt_blocks * num_threads >=" in dynamic and " 2" not in dynamic
+    # A constant blocking was made for the build machine's partitions: all of them must still run.
+    assert 'extern "C" void cpp_fused_b' + static == GEMM_TEMPLATE.format(name="b", threads=2, blocking=STATIC_M)
+
+
+def test_gemm_made_for_one_thread_is_left_alone() -> None:
+    one = GEMM_TEMPLATE.format(name="a", threads=1, blocking=DYNAMIC_M)
+    assert gemm_threads_from_caller(one) == one
+    assert gemm_threads_from_caller(KERNEL_WITH_REGION) == KERNEL_WITH_REGION

@@ -153,9 +153,10 @@ class Flags:
     split: int = doc("Kernel translation units per graph, compiled in parallel.", default=4)
     freezing: bool = doc("Fold weights into the graph as constants (Inductor freezing): faster inference.", default=True)
     onednn: bool = doc(
-        "With freezing, let Inductor hand convolutions and linear layers to oneDNN with prepacked weights. "
-        "Much faster for convolutions (ResNet-18 batch 1: 12 vs 22 ms here); slower for small linear layers, "
-        "where MKL GEMM plus a fused kernel wins (8 x Linear 32, batch 4: 14 vs 98 us).",
+        "Native ISA, with freezing: let Inductor hand convolutions and linear layers to oneDNN (and MKL) with "
+        "weights prepacked for the build machine's CPU. Much faster for convolutions (ResNet-18 batch 1: 12 vs 22 ms "
+        "here); with gemm_autotune each linear layer's oneDNN kernel is only a candidate, timed against the others. "
+        "Portable ISAs never prepack for a library.",
         default=True,
     )
     max_autotune: bool = doc(
@@ -170,11 +171,13 @@ class Flags:
         default=False,
     )
     gemm_autotune: bool = doc(
-        "Time every matmul's kernel choices on the build machine for the traced shapes and keep the fastest, "
-        "with the following pointwise ops fused in. CPU: Inductor's C++ GEMM template against ATen, and "
-        "oneDNN where onednn prepacks weights (8 x (Linear 32, gelu, residual), batch 4, 1 thread: 6.3 vs "
-        "154 us without). CUDA: Inductor's Triton GEMM templates against cuBLAS; convolutions stay on cuDNN. "
-        "Costs seconds per distinct GEMM shape at cold builds, and the measured choice may differ between builds.",
+        "Time every matmul's kernel candidates on the build machine for the traced sizes (the dims' examples) and keep "
+        "the fastest, with the following pointwise ops fused in; the build summary lists each choice and its timings. "
+        "CPU: Inductor's C++ GEMM template (for the target's ISA) against ATen, and oneDNN where onednn prepacks, "
+        "timed with one thread so that a busy build machine ranks them alike (8 x (Linear 32, gelu, residual), "
+        "batch 4, 1 thread: 2.3 vs 154 us without). CUDA: Inductor's Triton GEMM templates against cuBLAS; "
+        "convolutions stay on cuDNN. Costs seconds per distinct GEMM shape at cold builds; off for fast builds. "
+        "The measured choice may differ between builds.",
         default=True,
     )
     cuda_graphs: bool = doc(

@@ -1,0 +1,96 @@
+"""Kernel choices Inductor measures at codegen (`gemm_autotune`, `max_autotune`), recorded for the build summary.
+
+Inductor times each GEMM's candidate kernels for the traced sizes (the dims' examples) and keeps the
+fastest. Every selection is recorded here, also those answered from Inductor's autotuning cache, whose
+timings are the ones measured when it was filled.
+
+CPU candidates are timed with one thread. A build machine is rarely idle (parallel compiles, other
+builds), and an OpenMP kernel whose second thread waits for a core takes milliseconds at every team
+barrier; one-thread times rank the candidates by their work, which is what a microsecond GEMM's choice
+turns on. The kernels still run with the caller's threads. These timings are cached in a file of their
+own beside Inductor's autotuning cache, which holds timings taken with all threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+from unittest import mock
+
+from .results import KernelChoice
+
+# Extern (library) kernels by the name Inductor's choice carries; the rest are Inductor's own templates.
+LIBRARIES = {
+    "_linear_pointwise": "oneDNN",
+    "_linear_pointwise_binary": "oneDNN",
+    "_mkl_linear": "MKL",
+    "_convolution_pointwise": "oneDNN",
+    "_convolution_pointwise_binary": "oneDNN",
+}
+
+
+def kind(choice_name: str, extern: bool) -> str:
+    """What kind of kernel a candidate is: a library's, ATen's, or one of Inductor's templates."""
+    if extern:
+        return LIBRARIES.get(choice_name, "ATen")
+    if choice_name.startswith("cpp_"):
+        return "Inductor C++ GEMM template"
+    return "Inductor Triton template" if choice_name.startswith("triton_") else "Inductor template"
+
+
+@contextmanager
+def recorded(device: str) -> Iterator[list[KernelChoice]]:
+    """Inductor's configuration for the duration: every kernel selection appended to the yielded list."""
+    import torch
+    from torch._inductor import config, select_algorithm
+    from torch._inductor.codecache import CacheBase
+    from torch._inductor.virtualized import V
+
+    choices: list[KernelChoice] = []
+
+    def log_results(name: str, input_nodes: list[Any], timings: dict[Any, float], *args: Any, **kwargs: Any) -> None:
+        if timings:
+            choices.append(_choice(name, [_sizes(V.graph, node) for node in input_nodes], timings))
+
+    threads = torch.get_num_threads()
+    cache_path = CacheBase.get_local_cache_path()
+    with ExitStack() as stack:
+        stack.enter_context(config.patch({"trace.log_autotuning_results": True}))  # makes Inductor report cached selections too
+        stack.enter_context(mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results)))
+        if device == "cpu":
+            one_thread_cache = cache_path.with_name(f"{cache_path.name}-shimgen-cpu-one-thread")
+            stack.enter_context(mock.patch.object(CacheBase, "get_local_cache_path", staticmethod(lambda: one_thread_cache)))
+            torch.set_num_threads(1)
+            stack.callback(torch.set_num_threads, threads)
+        yield choices
+
+
+def _sizes(graph: Any, node: Any) -> str:
+    try:
+        return "x".join(str(s) for s in graph.sizevars.optimization_hints(node.get_size()))
+    except Exception:  # a node without a size (a scalar argument) or without hints
+        return "?"
+
+
+def _choice(op: str, sizes: list[str], timings: dict[Any, float]) -> KernelChoice:
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    def label(caller: Any) -> str:
+        name = getattr(caller, "name", str(caller))
+        return f"{kind(name, isinstance(caller, ExternKernelCaller))} {name}"
+
+    best = min(timings, key=timings.__getitem__)
+    # Template candidates are numbered per selection (cpp_..._3); the number says nothing to a reader.
+    us = {label(c).rstrip("0123456789").rstrip("_"): round(t * 1000, 3) for c, t in sorted(timings.items(), key=lambda kv: kv[1])}
+    return KernelChoice(op, tuple(sizes), label(best).rstrip("0123456789").rstrip("_"), us)
+
+
+def merged(choices: list[KernelChoice]) -> tuple[KernelChoice, ...]:
+    """Identical selections (same op, sizes and outcome) as one, with their count."""
+    counts: dict[tuple[str, tuple[str, ...], str], KernelChoice] = {}
+    for c in choices:
+        key = (c.op, c.sizes, c.picked)
+        seen = counts.get(key)
+        counts[key] = c if seen is None else KernelChoice(c.op, c.sizes, c.picked, seen.us, seen.count + 1)
+    return tuple(counts.values())
