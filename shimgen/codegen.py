@@ -25,7 +25,7 @@ import tempfile
 import textwrap
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -112,8 +112,8 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         try:
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
-            private = _private_inductor_cache(Path(tmp)) if target.device == "cuda" else nullcontext()
-            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags)), _quiet_autotuning(), private, \
+            per_device = _private_inductor_cache(Path(tmp)) if target.device == "cuda" else _parallel_only_with_enough_work()
+            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags)), _quiet_autotuning(), per_device, \
                     kernel_choice.recorded(target.device) as choices:
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
@@ -164,6 +164,26 @@ def _private_inductor_cache(tmp: Path) -> Iterator[None]:
 
     triton_cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(cache_dir(), "triton", "0")
     with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}):
+        yield
+
+
+@contextmanager
+def _parallel_only_with_enough_work() -> Iterator[None]:
+    """With cpp.dynamic_threads, Inductor gives every CPU kernel an OpenMP region, however little work it has, and leaves
+    the rest to the OpenMP runtime; libgomp then wakes a team for a 64-element copy (3 us instead of 1 per call of a
+    tiny graph at 2 threads, milliseconds on a busy machine). Inductor's own rule decides instead: a loop runs in
+    parallel where its work at the traced sizes is enough for the threads, as without dynamic threads; the regions
+    that remain still take the caller's team."""
+    from torch._inductor import config
+    from torch._inductor.codegen.cpp import CppKernel
+
+    decide = CppKernel.decide_parallel_depth
+
+    def decide_by_work(self: Any, max_parallel_depth: Any, threads: int) -> Any:
+        with config.patch({"cpp.dynamic_threads": False}):
+            return decide(self, max_parallel_depth, threads)
+
+    with mock.patch.object(CppKernel, "decide_parallel_depth", decide_by_work):
         yield
 
 

@@ -13,39 +13,48 @@ GEMM thread partitions: Inductor's C++ GEMM template is written for `parallel_nu
 codegen, the build machine's core count (`constexpr int64_t num_threads = 2;` and a worksharing loop
 over 2 partitions), so a wheel built on 2 cores would run each GEMM in 2 partitions on any machine.
 Where the template computes its blocking at run time (a dynamic M), the count becomes the caller's
-team size; with a static M the blocking is constant, made for the build machine's count.
+team size, or one thread for a GEMM too small to repay waking a team; with a static M the blocking is
+constant, made for the build machine's count.
 """
 
 from __future__ import annotations
 
 import re
 
-# Only regions whose team is the caller's (no num_threads clause: codegen sets cpp.dynamic_threads);
-# a region with a fixed team size may keep per-thread state that a serial run would leave unset.
-_REGION = re.compile(r"^([ \t]*)#pragma omp parallel[ \t]*\n[ \t]*(?=\{)", re.M)
+# Only regions whose team is the caller's (no num_threads clause: codegen sets cpp.dynamic_threads), or one thread
+# where their `if` clause is false; a region with a fixed team size may keep per-thread state that a serial run
+# would leave unset.
+_REGION = re.compile(r"^([ \t]*)#pragma omp parallel(?:[ \t]+if\(([^()\n]*)\))?[ \t]*\n[ \t]*(?=\{)", re.M)
+_BARE_REGION = re.compile(r"^([ \t]*)#pragma omp parallel[ \t]*\n", re.M)
 # Directives of the region's own team; `simd` (vectorization) and `declare` are not team directives.
 _TEAM_DIRECTIVE = re.compile(r"^[ \t]*#pragma omp (?!simd\b|declare\b)[^\n]*\n", re.M)
 _SKIP = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', re.S)
 
 
 _GEMM_THREADS = re.compile(r"constexpr int64_t num_threads = (\d+);")
+# Multiply-adds below which a GEMM runs on the calling thread alone: waking a team costs more than it saves.
+SERIAL_GEMM_WORK = 1 << 16
 
 
 def gemm_threads_from_caller(source: str) -> str:
     """`source` with each C++ GEMM template whose blocking is computed at run time (a dynamic M) sharing its
-    partitions among the caller's team, `omp_get_max_threads()`."""
-    parts = _GEMM_THREADS.split(source)  # text, count, the template's text up to the next count, ...
-    out = [parts[0]]
-    for count, text in zip(parts[1::2], parts[2::2], strict=True):
+    partitions among the caller's team, `omp_get_max_threads()`, or running alone when the GEMM is small."""
+    out: list[str] = []
+    pos = 0
+    for found in _GEMM_THREADS.finditer(source):
+        count, end = int(found.group(1)), _enclosing_block_end(source, found.end())
+        body = source[found.end() : end]
         # A template made for one thread (the BMM template's per-batch GEMM) has no partitions to share.
-        if int(count) > 1 and "mm_get_thread_blocking(num_threads," in text:
-            out.append("const int64_t num_threads = omp_get_max_threads();")
-            text = text.replace(f"tid < {count}; tid++)", "tid < num_threads; tid++)")
-            text = text.replace(f"Kt_blocks * {count} >=", "Kt_blocks * num_threads >=")
-        else:
-            out.append(f"constexpr int64_t num_threads = {count};")
-        out.append(text)
-    return "".join(out)
+        if end is None or count < 2 or "mm_get_thread_blocking(num_threads," not in body:
+            continue
+        body = body.replace(f"tid < {count}; tid++)", "tid < num_threads; tid++)")
+        body = body.replace(f"Kt_blocks * {count} >=", "Kt_blocks * num_threads >=")
+        body = body.replace("mm_get_thread_blocking(num_threads,",
+                            f"if (M * N * K < {SERIAL_GEMM_WORK}) num_threads = 1;\n    mm_get_thread_blocking(num_threads,", 1)
+        body = _BARE_REGION.sub(r"\1#pragma omp parallel if(num_threads > 1)\n", body)
+        out += [source[pos : found.start()], "int64_t num_threads = omp_get_max_threads();", body]
+        pos = end
+    return "".join(out) + source[pos:]
 
 
 def serial_fast_paths(source: str) -> str:
@@ -58,16 +67,17 @@ def serial_fast_paths(source: str) -> str:
         end = _block_end(source, region.end())
         if end is None:
             continue
-        indent = region.group(1)
+        indent, team_if = region.group(1), region.group(2)
         serial = _TEAM_DIRECTIVE.sub("", source[region.end() : end])
-        out += [source[pos : region.start()], f"{indent}if (omp_get_max_threads() == 1)\n{indent}{serial}\n",
+        alone = "omp_get_max_threads() == 1" + (f" || !({team_if})" if team_if else "")
+        out += [source[pos : region.start()], f"{indent}if ({alone})\n{indent}{serial}\n",
                 f"{indent}else\n{indent}{{\n{source[region.start() : end]}\n{indent}}}"]
         pos = end
     return "".join(out) + source[pos:]
 
 
-def _block_end(source: str, start: int) -> int | None:
-    """The index just past the brace block opening at `start`, skipping strings and comments."""
+def _enclosing_block_end(source: str, start: int) -> int | None:
+    """The index of the brace that closes the block `start` lies in, skipping strings and comments."""
     depth = 0
     i = start
     while i < len(source):
@@ -78,8 +88,14 @@ def _block_end(source: str, start: int) -> int | None:
         if source[i] == "{":
             depth += 1
         elif source[i] == "}":
-            depth -= 1
             if depth == 0:
-                return i + 1
+                return i
+            depth -= 1
         i += 1
     return None
+
+
+def _block_end(source: str, start: int) -> int | None:
+    """The index just past the brace block opening at `start`."""
+    close = _enclosing_block_end(source, start + 1)
+    return None if close is None else close + 1

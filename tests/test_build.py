@@ -197,6 +197,11 @@ def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
     commands = json.loads((workdir / "build" / "mlp_portable" / "meson" / "compile_commands.json").read_text())
     assert commands and all("-march=native" not in c["command"] and "-march=x86-64 " in c["command"] + " " for c in commands)
     assert not any("CPU_CAPABILITY_AVX" in c["command"] for c in commands)
+    # Kernel choice is timed here too, among candidates the target can run: never a library's packed weights.
+    picked = {c["picked"].split(" cpp_")[0] for c in summary["kernel_choices"]["forward_cpu"]}
+    assert picked <= {"ATen addmm", "Inductor C++ GEMM template"}, picked
+    model_cpp = (workdir / "build" / "mlp_portable" / "codegen" / "forward_cpu" / "model.cpp").read_text()
+    assert "mkldnn" not in model_cpp and "_mkl_" not in model_cpp
     package = import_package(summary)
     graph, model, (x,) = eager_and_inputs(spec, 0, {"batch": 9})
     with torch.no_grad():

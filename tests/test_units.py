@@ -625,31 +625,39 @@ int main() {{
 
 # --- gemm_threads_from_caller: the C++ GEMM template's partitions follow the caller's team ----------------------------
 
-GEMM_TEMPLATE = """extern "C" void cpp_fused_{name}(const float* X, float* Y, const int64_t ks0)
+# The shape of Inductor's C++ GEMM template (cpp_gemm_template.py) for a dynamic M, made for 2 threads; `done`
+# records which partitions ran, on which thread.
+GEMM_TEMPLATE = """extern "C" void cpp_fused_{name}(int* done, const int64_t ks0)
 {{
     constexpr int64_t num_threads = {threads};
+    constexpr int64_t N = 64;
+    constexpr int64_t K = 64;
     const int64_t M = ks0;
+    int64_t Mt_blocks, Nt_blocks, Kt_blocks;
     {blocking}
     AOTI_TORCH_CHECK(
-        Mt_blocks * Nt_blocks * Kt_blocks * {threads} >= Mr_blocks * Nr_blocks * Kr_blocks,
+        Mt_blocks * Nt_blocks * Kt_blocks * {threads} >= M,
         "Not all partitions are assigned."
     );
     #pragma omp parallel
     {{
         #pragma omp for schedule(static, 1)
-        for (int64_t tid = 0; tid < {threads}; tid++) {{ work(tid); }}
+        for (int64_t tid = 0; tid < {threads}; tid++) {{ done[tid] = 1 + omp_get_thread_num(); }}
     }}
 }}
 """
-DYNAMIC_M = "mm_get_thread_blocking(num_threads, 1, M, N, K, Mr, Nr, Kr, Mt_blocks, Nt_blocks, Kt_blocks);"
-STATIC_M = "constexpr int64_t Mt_blocks = 1;"
+DYNAMIC_M = "mm_get_thread_blocking(num_threads, 1, M, N, K, 1, 1, 1, Mt_blocks, Nt_blocks, Kt_blocks);"
+STATIC_M = "Mt_blocks = 1;"
 
 
 def test_gemm_threads_follow_the_caller_where_blocking_is_computed_at_run_time() -> None:
     source = GEMM_TEMPLATE.format(name="a", threads=2, blocking=DYNAMIC_M) + GEMM_TEMPLATE.format(name="b", threads=2, blocking=STATIC_M)
     dynamic, static = gemm_threads_from_caller(source).split('extern "C" void cpp_fused_b')
-    assert "const int64_t num_threads = omp_get_max_threads();" in dynamic
+    assert "int64_t num_threads = omp_get_max_threads();" in dynamic and "if (M * N * K < 65536) num_threads = 1;" in dynamic
     assert "tid < num_threads;" in dynamic and "Kt_blocks * num_threads >=" in dynamic and " 2" not in dynamic
+    assert "#pragma omp parallel if(num_threads > 1)" in dynamic
+    # A region that runs alone, because the caller has one thread or the GEMM is small, takes the serial copy.
+    assert "if (omp_get_max_threads() == 1 || !(num_threads > 1))" in serial_fast_paths(dynamic)
     # A constant blocking was made for the build machine's partitions: all of them must still run.
     assert 'extern "C" void cpp_fused_b' + static == GEMM_TEMPLATE.format(name="b", threads=2, blocking=STATIC_M)
 
@@ -658,3 +666,40 @@ def test_gemm_made_for_one_thread_is_left_alone() -> None:
     one = GEMM_TEMPLATE.format(name="a", threads=1, blocking=DYNAMIC_M)
     assert gemm_threads_from_caller(one) == one
     assert gemm_threads_from_caller(KERNEL_WITH_REGION) == KERNEL_WITH_REGION
+
+
+def test_gemm_partitions_run_on_the_callers_team_and_small_ones_alone(tmp_path: Path) -> None:
+    """Rewritten and given its serial copy as codegen does, the template runs one partition per thread of the
+    caller's team (3 here, more than the 2 it was made for), and a GEMM below the work threshold on one thread."""
+    import shutil
+    import subprocess
+
+    cxx = shutil.which("g++")
+    assert cxx, "these tests need g++"
+    main = """#include <omp.h>
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#define AOTI_TORCH_CHECK(cond, msg) if (!(cond)) throw std::runtime_error(msg)
+void mm_get_thread_blocking(int64_t threads, int64_t, int64_t M, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            int64_t& Mt, int64_t& Nt, int64_t& Kt) {{ Mt = (M + threads - 1) / threads; Nt = 1; Kt = 1; }}
+{kernel}
+int main() {{
+    for (int threads : {{1, 2, 3}}) for (int64_t m : {{3, 3000}}) {{
+        int done[8] = {{}};
+        omp_set_num_threads(threads);
+        cpp_fused_a(done, m);
+        printf("%d %ld:", threads, m);
+        for (int d : done) printf(" %d", d);
+        printf("\\n");
+    }}
+}}
+"""
+    kernel = serial_fast_paths(gemm_threads_from_caller(GEMM_TEMPLATE.format(name="a", threads=2, blocking=DYNAMIC_M)))
+    (tmp_path / "gemm.cpp").write_text(main.format(kernel=kernel.replace('extern "C" ', "")))
+    subprocess.run([cxx, "-fopenmp", "-O1", "-o", str(tmp_path / "gemm"), str(tmp_path / "gemm.cpp")], check=True)
+    out = subprocess.run([str(tmp_path / "gemm")], capture_output=True, text=True, check=True).stdout.splitlines()
+    # Partition -> 1 + the thread that ran it; 64 x 64 x 3 is below the threshold, 64 x 64 x 3000 above it.
+    assert out == ["1 3: 1 0 0 0 0 0 0 0", "1 3000: 1 0 0 0 0 0 0 0",
+                   "2 3: 1 0 0 0 0 0 0 0", "2 3000: 1 2 0 0 0 0 0 0",
+                   "3 3: 1 0 0 0 0 0 0 0", "3 3000: 1 2 3 0 0 0 0 0"]
