@@ -33,7 +33,7 @@ LIBRARIES = {
 def kind(choice_name: str, extern: bool) -> str:
     """What kind of kernel a candidate is: a library's, ATen's, or one of Inductor's templates."""
     if extern:
-        return LIBRARIES.get(choice_name, "ATen")
+        return LIBRARIES.get(choice_name.split(".")[0], "ATen")  # oneDNN's _linear_pointwise.binary too
     if choice_name.startswith("cpp_"):
         return "Inductor C++ GEMM template"
     return "Inductor Triton template" if choice_name.startswith("triton_") else "Inductor template"
