@@ -23,17 +23,15 @@ from .results import KernelChoice
 # Extern (library) kernels by the name Inductor's choice carries; the rest are Inductor's own templates.
 LIBRARIES = {
     "_linear_pointwise": "oneDNN",
-    "_linear_pointwise_binary": "oneDNN",
     "_mkl_linear": "MKL",
     "_convolution_pointwise": "oneDNN",
-    "_convolution_pointwise_binary": "oneDNN",
 }
 
 
 def kind(choice_name: str, extern: bool) -> str:
     """What kind of kernel a candidate is: a library's, ATen's, or one of Inductor's templates."""
     if extern:
-        return LIBRARIES.get(choice_name.split(".")[0], "ATen")  # oneDNN's _linear_pointwise.binary too
+        return LIBRARIES.get(choice_name.split(".")[0], "ATen")  # _linear_pointwise.binary: oneDNN too
     if choice_name.startswith("cpp_"):
         return "Inductor C++ GEMM template"
     return "Inductor Triton template" if choice_name.startswith("triton_") else "Inductor template"
@@ -54,12 +52,12 @@ def recorded(device: str) -> Iterator[list[KernelChoice]]:
             choices.append(_choice(name, [_sizes(V.graph, node) for node in input_nodes], timings))
 
     threads = torch.get_num_threads()
-    cache_path = CacheBase.get_local_cache_path()
     with ExitStack() as stack:
         stack.enter_context(config.patch({"trace.log_autotuning_results": True}))  # makes Inductor report cached selections too
         stack.enter_context(mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results)))
         if device == "cpu":
-            one_thread_cache = cache_path.with_name(f"{cache_path.name}-shimgen-cpu-one-thread")
+            cache = CacheBase.get_local_cache_path()
+            one_thread_cache = cache.with_name(f"{cache.name}-shimgen-cpu-one-thread")
             stack.enter_context(mock.patch.object(CacheBase, "get_local_cache_path", staticmethod(lambda: one_thread_cache)))
             torch.set_num_threads(1)
             stack.callback(torch.set_num_threads, threads)
