@@ -44,6 +44,11 @@ def test_build_summary(built_mlp: dict[str, Any], workdir: Path) -> None:
     for c in choices:
         assert c["picked"] in c["us"] and c["us"][c["picked"]] == min(c["us"].values()) and len(c["us"]) >= 2
         assert c["sizes"][0].startswith("4x") or c["sizes"][1].startswith("4x")  # the example batch, 4
+    # Where Inductor's C++ GEMM template won, its partitions were rewritten to follow the caller's team (batch is
+    # dynamic): a torch whose template text differs would leave it made for this machine's cores.
+    if any("C++ GEMM template" in c["picked"] for c in choices):
+        kernels = "".join(p.read_text() for p in (workdir / "build" / "mlp" / "codegen" / "forward_cpu").glob("kernels_*.cpp"))
+        assert "int64_t num_threads = omp_get_max_threads();" in kernels and "constexpr int64_t num_threads" not in kernels
 
 
 def test_mlp_matches_eager(built_mlp: dict[str, Any], workdir: Path) -> None:
