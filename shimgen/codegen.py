@@ -210,7 +210,7 @@ def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
         for name in zf.namelist():
             if name.endswith(".ptx"):
                 ptx[Path(name).stem] = zf.read(name)
-            for suffix in (".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o"):
+            for suffix in (".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o", ".wrapper.json"):
                 if name.endswith(suffix):
                     if suffix in found:
                         raise UserError(f"Inductor produced more than one {suffix} ({name}); unsupported graph")
@@ -218,7 +218,18 @@ def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
     missing = {".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o"} - set(found)
     if missing:
         raise UserError(f"Inductor's output lacks {', '.join(sorted(missing))}; this torch version is not supported")
+    if ".wrapper.json" in found:
+        _refuse_dispatcher_calls(json.loads(found[".wrapper.json"]))
     return found, ptx
+
+
+def _refuse_dispatcher_calls(extern_nodes: dict[str, Any]) -> None:
+    """Ops Inductor neither lowers nor has a C shim for are called through AOTInductor's proxy executor, described in
+    `<hash>.wrapper.json`; the binding has none, so such a graph would crash at its first call. Refused at build."""
+    ops = sorted({node["node"]["target"] for node in extern_nodes.get("nodes", [])})
+    if ops:
+        raise UserError(f"the graph calls {', '.join(ops)}, which Inductor leaves to a run-time dispatcher call; "
+                        "shimgen does not support such ops (custom ops) yet")
 
 
 def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:

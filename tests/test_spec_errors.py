@@ -366,3 +366,31 @@ def test_cuda_build_without_gpu(tmp_path: Path, workdir: Path, capsys: pytest.Ca
     message = _build_error(workdir, tmp_path, capsys, PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n')
     assert message == ("target[0]: building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); "
                        "torch sees none")
+
+
+CUSTOM_OP_MODEL = '''import torch
+
+
+@torch.library.custom_op("shimgen_test::scale", mutates_args=())
+def scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x):
+        return scale(x + 1)
+'''
+
+
+def test_graph_calling_a_custom_op_is_refused_at_build(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Inductor leaves such an op to AOTInductor's proxy executor, which the binding does not have: the package
+    built, and every call failed. The build now says so and leaves no package."""
+    (workdir / "projects" / "customop.py").write_text(CUSTOM_OP_MODEL)
+    message = _build_error(workdir, tmp_path, capsys, PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "customop:Scaled"))
+    assert message == ("graph[0]: the graph calls shimgen_test::scale, which Inductor leaves to a run-time dispatcher call; "
+                       "shimgen does not support such ops (custom ops) yet")
