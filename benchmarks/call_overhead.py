@@ -39,6 +39,7 @@ from common import (
     compiled_contenders,
     export_graph,
     import_built,
+    kernel_choice_lines,
     load_graph,
     load_spec,
     measure,
@@ -47,7 +48,6 @@ from common import (
     project,
     shimgen_build,
     show_time,
-    summary_extras,
 )
 
 IMPORT_SCRIPT = """
@@ -225,7 +225,7 @@ def main() -> None:
         flags = non_default_flags(load_spec(REPO / "projects" / name))
         report(f"- projects/{name}: " + (f"[flags] differing from the defaults: {flags}" if flags else "shimgen's default flags")
                + f"; stages {summary['stages']}")
-        for line in summary_extras(summary):
+        for line in kernel_choice_lines(summary):
             report(f"  {line}")
 
     import_s = None

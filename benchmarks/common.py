@@ -80,23 +80,15 @@ def non_default_flags(spec: Any) -> dict[str, Any]:
     return {f.name: getattr(spec.flags, f.name) for f in fields(Flags) if getattr(spec.flags, f.name) != getattr(defaults, f.name)}
 
 
-def summary_extras(summary: dict[str, Any]) -> list[str]:
-    """Markdown list items for the summary's entries about kernel choices (what autotuning picked), where
-    the build reports any: one per choice for `kernel_choices` ({unit: [{op, sizes, picked, us, count}]}),
-    any other such entry as its JSON."""
+def kernel_choice_lines(summary: dict[str, Any]) -> list[str]:
+    """Markdown list items for the build summary's `kernel_choices` ({unit: [{op, sizes, picked, us, count}]})."""
     lines = []
-    for key, value in summary.items():
-        if not any(word in key for word in ("kernel", "choice", "autotune")):
-            continue
-        try:
-            for unit, choices in value.items():
-                for c in choices:
-                    others = ", ".join(f"{name} {us:g}" for name, us in c["us"].items() if name != c["picked"])
-                    count = f" x{c['count']}" if c.get("count", 1) > 1 else ""
-                    lines.append(f"- {key}, {unit}: {c['op']}({', '.join(c['sizes'])}){count}: {c['picked']} {c['us'][c['picked']]:g} µs"
-                                 + (f"; {others}" if others else ""))
-        except (AttributeError, KeyError, TypeError):
-            lines.append(f"- {key}: `{json.dumps(value)}`")
+    for unit, choices in summary["kernel_choices"].items():
+        for c in choices:
+            others = ", ".join(f"{name} {us:g}" for name, us in c["us"].items() if name != c["picked"])
+            count = f" x{c['count']}" if c["count"] > 1 else ""
+            lines.append(f"- kernel_choices, {unit}: {c['op']}({', '.join(c['sizes'])}){count}: {c['picked']} {c['us'][c['picked']]:g} µs"
+                         + (f"; {others}" if others else ""))
     return lines
 
 

@@ -34,6 +34,7 @@ from common import (
     compiled_contenders,
     export_graph,
     import_built,
+    kernel_choice_lines,
     load_graph,
     load_spec,
     measure,
@@ -43,7 +44,6 @@ from common import (
     shimgen_build,
     short_error,
     show_time,
-    summary_extras,
 )
 
 SPECS = ["hf.toml", "shapes.toml", "outputs.toml", "mlp.toml", "multi.toml", "resnet.toml"]
@@ -152,7 +152,7 @@ def main() -> None:
             report(f"\nshimgen build failed: {short_error(exc, 1000)}")
             continue
         report(f"\nbuild stages (s): {summary['stages']}")
-        extras = summary_extras(summary)
+        extras = kernel_choice_lines(summary)
         if extras:
             report("\nkernels chosen by timing at build time (µs per call):\n\n" + "\n".join(extras))
         package = import_built(summary)
