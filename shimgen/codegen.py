@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from . import kernel_choice, openmp
+from . import custom_ops, kernel_choice, openmp, proxy_executor, user_triton
 from .errors import UserError
 from .files import replace_dir, source_hash, stage_key
-from .results import CodegenResult, TraceResult
+from .results import CodegenResult, CustomOps, TraceResult
 from .spec import Flags, Target
 
 KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>"
@@ -63,6 +63,9 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     if target.device == "cuda":
         configs["aot_inductor.embed_kernel_binary"] = True
         configs["aot_inductor.emit_multi_arch_kernel"] = True  # PTX, not a cubin for the build GPU alone
+        # A user Triton kernel's PTX is named after its Python function, the symbol the wrapper loads after Inductor's
+        # name for it (<fn>_<n>): unique names make them one, and keep two variants of a kernel apart.
+        configs["triton.unique_user_kernel_names"] = True
         if flags.gemm_autotune and not flags.max_autotune:  # max_autotune times convolutions too
             configs.update({"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN"})
         if flags.tma:
@@ -94,13 +97,14 @@ def uses_onednn(target: Target, flags: Flags) -> bool:
 
 def codegen_key(traced: TraceResult, target: Target, flags: Flags) -> str:
     return stage_key(traced.key, traced.reads, target.isa, target.archs, inductor_configs(target, flags), flags.onednn, flags.split,
-                     source_hash(sys.modules[__name__]), source_hash(openmp),
-                     source_hash(kernel_choice))
+                     source_hash(sys.modules[__name__]), source_hash(openmp), source_hash(kernel_choice), source_hash(custom_ops),
+                     source_hash(proxy_executor), source_hash(user_triton))
 
 
-def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str) -> CodegenResult:
+def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str, ops: CustomOps | None) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
-    for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`. The directory is replaced whole, only on success."""
+    for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
+    dispatcher at run time. The directory is replaced whole, only on success."""
     import torch
 
     staging = out_dir.with_name(out_dir.name + ".new")
@@ -112,13 +116,16 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         try:
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
-            per_device = _private_inductor_cache(Path(tmp)) if target.device == "cuda" else _parallel_only_with_enough_work()
+            per_device = _cuda_codegen(Path(tmp)) if target.device == "cuda" else _parallel_only_with_enough_work()
             with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags)), _quiet_autotuning(), per_device, \
                     kernel_choice.recorded(target.device) as choices:
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
                 )
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
+            refused = _cause(exc, user_triton.UserKernelError)
+            if refused:
+                raise UserError(str(refused)) from None
             raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}") from exc
         files, ptx = _extract(package)
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
@@ -129,6 +136,11 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
     (staging / "interface.cpp").write_text(interface)
     (staging / "model.cpp").write_text(model)
     (staging / "weights.o").write_bytes(files[".weights.o"])
+    extern = json.loads(files[".wrapper.json"]) if ".wrapper.json" in files else {}
+    called = proxy_executor.ops_called(extern)
+    if called:
+        proxy_executor.extern_nodes(extern)  # refuses here what the binding could not call
+        (staging / "extern_nodes.json").write_bytes(files[".wrapper.json"])
     ptx_names, triton_names = _write_cuda_kernels(model, ptx, staging) if target.device == "cuda" else ([], [])
     defines, args = compile_flags(json.loads(files[".wrapper_compile_flags.json"]), target)
     replace_dir(staging, out_dir)
@@ -136,6 +148,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         key, out_dir / "interface.cpp", out_dir / "model.cpp", tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
         out_dir / "weights.o", tuple(out_dir / name for name in ptx_names), tuple(out_dir / "triton" / name for name in triton_names),
         tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs, kernel_choice.merged(choices),
+        out_dir / "extern_nodes.json" if called else None, custom_ops.run_time_modules(called, ops),
     )
 
 
@@ -152,6 +165,20 @@ def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> tup
         (out_dir / "triton" / f"{name}.py").write_text(textwrap.dedent(source))
         triton.append(f"{name}.py")
     return [f"{name}.ptx" for name in sorted(wanted)], sorted(set(triton))
+
+
+@contextmanager
+def _cuda_codegen(tmp: Path) -> Iterator[None]:
+    with _private_inductor_cache(tmp), user_triton.guarded():
+        yield
+
+
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """`exc` or the first exception of type `kind` it was raised from (Inductor wraps what fails inside it)."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, kind):
+        seen = seen.__cause__ or seen.__context__
+    return seen
 
 
 @contextmanager
@@ -218,18 +245,7 @@ def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
     missing = {".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o"} - set(found)
     if missing:
         raise UserError(f"Inductor's output lacks {', '.join(sorted(missing))}; this torch version is not supported")
-    if ".wrapper.json" in found:
-        _refuse_dispatcher_calls(json.loads(found[".wrapper.json"]))
     return found, ptx
-
-
-def _refuse_dispatcher_calls(extern_nodes: dict[str, Any]) -> None:
-    """Ops Inductor neither lowers nor has a C shim for are called through AOTInductor's proxy executor, described in
-    `<hash>.wrapper.json`; the binding has none, so such a graph would crash at its first call. Refused at build."""
-    ops = sorted({node["node"]["target"] for node in extern_nodes.get("nodes", [])})
-    if ops:
-        raise UserError(f"the graph calls {', '.join(ops)}, which Inductor leaves to a run-time dispatcher call; "
-                        "shimgen does not support such ops (custom ops) yet")
 
 
 def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:

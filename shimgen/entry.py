@@ -58,6 +58,23 @@ def _load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
 
 _scopes: list[tuple[Path, set[Path]]] = []  # the open project scopes: (spec dir, files read under it)
 _watching = False  # the audit hook is installed
+_kept: dict[str, set[Path]] = {}  # modules imported by import_once, with the project files read importing them
+
+
+def import_once(module: str, spec_dir: Path) -> set[Path]:
+    """Import `module` from `spec_dir` once per process and keep it, with its submodules, past every project scope
+    (a module registering ops with torch.library cannot run twice); the project files read importing it."""
+    if module not in _kept:
+        with project_scope(spec_dir) as reads:
+            before = set(reads)
+            imported = importlib.import_module(module)
+            _kept[module] = (reads - before) | {Path(f).resolve() for f in [getattr(imported, "__file__", None)] if f}
+    return _kept[module]
+
+
+def _is_kept(name: str) -> bool:
+    """A kept module, one of its submodules, or a package holding one."""
+    return any(name == kept or name.startswith(kept + ".") or kept.startswith(name + ".") for kept in _kept)
 
 
 @contextmanager
@@ -91,7 +108,7 @@ def project_scope(spec_dir: Path) -> Iterator[set[Path]]:
 
 
 def _project_modules(spec_dir: Path) -> dict[str, Any]:
-    return {name: m for name, m in list(sys.modules.items()) if _under(getattr(m, "__file__", None), spec_dir)}
+    return {name: m for name, m in list(sys.modules.items()) if _under(getattr(m, "__file__", None), spec_dir) and not _is_kept(name)}
 
 
 def _under(path: str | None, directory: Path) -> bool:

@@ -17,18 +17,19 @@ from .process import run
 from .results import PackageResult
 from .toolchain import Toolchain
 
-_IMPORT = "import sys; sys.path.insert(0, sys.argv[1]); import importlib; importlib.import_module(sys.argv[2])"
+_IMPORT = "import sys; sys.path[:0] = [sys.argv[1], *sys.argv[3:]]; import importlib; importlib.import_module(sys.argv[2])"
 
 
 def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name: str, tc: Toolchain, launcher: str | None,
-                     key: str) -> PackageResult:
-    """The wheel in `dist` and its contents in `site` (a directory that can go on sys.path)."""
+                     key: str, module_dirs: tuple[Path, ...] = ()) -> PackageResult:
+    """The wheel in `dist` and its contents in `site` (a directory that can go on sys.path); `module_dirs` hold the
+    Python modules the package imports besides torch (the spec's directory, for its custom ops' modules)."""
     dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
         wheel = build_wheel(source, build_dir, Path(tmp), tc, launcher)
         staging = site.with_name(site.name + ".new")
         _unpack(wheel, staging)
-        _check_imports(staging, name, tc)
+        _check_imports(staging, name, tc, module_dirs)
         final = dist / wheel.name
         wheel.replace(final)
         replace_dir(staging, site)
@@ -43,8 +44,8 @@ def _unpack(wheel: Path, staging: Path) -> None:
         member.chmod(0o755)
 
 
-def _check_imports(staging: Path, name: str, tc: Toolchain) -> None:
-    imported = run([tc.python, "-c", _IMPORT, str(staging), name])
+def _check_imports(staging: Path, name: str, tc: Toolchain, module_dirs: tuple[Path, ...]) -> None:
+    imported = run([tc.python, "-c", _IMPORT, str(staging), name, *map(str, module_dirs)])
     if not imported.ok:
         shutil.rmtree(staging, ignore_errors=True)
         crash = f" (it crashed with signal {imported.signal})" if imported.signal else ""

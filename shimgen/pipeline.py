@@ -1,8 +1,8 @@
-"""The build: spec → trace → codegen → prebuilt → render → compile → package. Each stage takes the
+"""The build: spec → custom ops → trace → codegen → prebuilt → render → compile → package. Each stage takes the
 typed results of the ones before it (shimgen/results.py) and is skipped when state.json holds its
 result under the same key.
 
-Outputs under <out>/build/<name>/: trace/, codegen/, project/ (generated Meson project), meson/
+Outputs under <out>/build/<name>/: ops/ (the custom ops' Meson project and build), trace/, codegen/, project/ (generated Meson project), meson/
 (build directory), site/ (the unpacked wheel: importable); wheels go to <out>/dist/.
 """
 
@@ -16,10 +16,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import codegen, meson, package, prebuilt, probe, render, toolchain, trace
+from . import codegen, custom_ops, meson, package, prebuilt, probe, render, toolchain, trace
 from .errors import SpecError, UserError
 from .files import exclusive, file_hash, stage_key
-from .results import CodegenResult, CompileResult, KernelChoice, PackageResult, RenderedProject, Stamp, TraceResult, Unit, to_json, unit_name
+from .results import (
+    CodegenResult,
+    CompileResult,
+    CustomOps,
+    KernelChoice,
+    PackageResult,
+    RenderedProject,
+    Stamp,
+    TraceResult,
+    Unit,
+    to_json,
+    unit_name,
+)
 from .spec import Graph, ProjectSpec, Target, load_spec
 from .state import State
 from .toolchain import Toolchain
@@ -151,13 +163,19 @@ class Job:
     tools: Tools
     state: State
     timeline: Timeline
+    ops: CustomOps | None
 
 
 def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
     timeline = Timeline(report)
     with timeline.stage("toolchain"):
         tools = _tools(spec, use_cache, report)
-    job = Job(spec, layout, tools, State(layout.state_file, fresh=force), timeline)
+    ops = None
+    if spec.custom_op:
+        with timeline.stage("ops"):
+            ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", tools.tc, tools.cuda, tools.launcher,
+                                     lambda msg: report("ops", msg))
+    job = Job(spec, layout, tools, State(layout.state_file, fresh=force), timeline, ops)
     _keep_meson_dir_if_configured_for(job)
     # Inductor registers its oneDNN weight-packing passes once per process, as the first CPU freezing finds oneDNN
     # on or off (codegen.uses_onednn): CPU units go first, so that they decide it.
@@ -170,7 +188,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
                   for t in spec.target}
     with timeline.stage("render"):
         project = render.render_project(spec, layout.spec_path.name, tools.tc, tools.runtime_lib, tools.cuda, units, shared,
-                                         layout.project)
+                                         ops, layout.project)
     with timeline.stage("compile"):
         compiled = meson.build(layout.project, layout.meson, tools.tc, f"the package '{spec.project.name}'", tools.launcher,
                                lambda msg: report("compile", msg))
@@ -217,14 +235,14 @@ def _generate(job: Job, index: int, graph: Graph, target: Target) -> Unit:
     """One graph on one target traced and generated, or both taken from the last build when up to date."""
     spec, layout, state, timeline = job.spec, job.layout, job.state, job.timeline
     name, where = unit_name(graph, target), f"graph[{index}]"
-    key = trace.trace_key(graph, target, job.tools.tc, layout.spec_dir)
+    key = trace.trace_key(graph, target, job.tools.tc, layout.spec_dir, job.ops.key if job.ops else None)
     traced = state.get(TraceResult, f"unit:trace:{name}")
     if traced is not None and trace.still_valid(traced, key):
         timeline.skipped.append(f"trace:{name}")
     else:
         _require_gpu(spec, target)
         with timeline.stage("trace", name):
-            traced = trace.trace(graph, where, layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2", key)
+            traced = trace.trace(graph, where, layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2", key, job.ops)
         state.commit(f"unit:trace:{name}", traced)
     key = codegen.codegen_key(traced, target, spec.flags)
     generated = state.get(CodegenResult, f"unit:codegen:{name}", key)
@@ -234,7 +252,7 @@ def _generate(job: Job, index: int, graph: Graph, target: Target) -> Unit:
     _require_gpu(spec, target)
     with timeline.stage("codegen", name):
         try:
-            generated = codegen.generate(traced, target, spec.flags, job.tools.tc.cxx, layout.root / "codegen" / name, key)
+            generated = codegen.generate(traced, target, spec.flags, job.tools.tc.cxx, layout.root / "codegen" / name, key, job.ops)
         except SpecError:
             raise
         except UserError as exc:
@@ -259,7 +277,8 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult) -> Pac
         return packaged
     layout, tools = job.layout, job.tools
     with job.timeline.stage("package"):
+        module_dirs = (layout.spec_dir,) if any(op.module for op in job.spec.custom_op) else ()
         packaged = package.build_and_unpack(layout.project, layout.meson, layout.dist, layout.site, job.spec.project.name, tools.tc,
-                                            tools.launcher, key)
+                                            tools.launcher, key, module_dirs)
     job.state.commit("package", packaged)
     return packaged

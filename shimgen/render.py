@@ -7,14 +7,15 @@ Files are written only when their content changes, so ninja rebuilds only what r
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
 import jinja2
 
-from . import escape
+from . import escape, proxy_executor
 from .files import write_if_changed
-from .results import OBJECT, OutNode, OutType, Prebuilt, RenderedProject, Unit
+from .results import OBJECT, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit
 from .spec import Flags, Graph, ProjectSpec, Target
 from .spec.model import SCALAR_TYPES
 from .toolchain import Toolchain
@@ -56,9 +57,34 @@ def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: 
     write_if_changed(out / "pch" / "kernel_pch.h", (TEMPLATES / "prebuilt" / "kernel_pch.h").read_bytes())
 
 
+def render_ops(spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, sources: list[list[Path]],
+               out: Path) -> dict[int, str]:
+    """Write the Meson project of the custom ops' libraries into `out`; their target names by entry."""
+    libraries = []
+    for i, entry_sources in enumerate(sources):
+        if entry_sources:
+            libraries.append({"entry": i, "name": f"{spec.project.name}_ops{i}", "cxx": [str(s) for s in entry_sources if s.suffix != ".cu"],
+                              "cuda": [str(s) for s in entry_sources if s.suffix == ".cu"]})
+    nvcc_args: list[str] = []
+    uses_cuda = any(lib["cuda"] for lib in libraries)
+    if cuda and uses_cuda:
+        archs = next(t.archs for t in spec.target if t.device == "cuda")
+        nvcc_args = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-ccbin", tc.cxx, "-Xcompiler", "-fPIC",
+                     "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                     "-D__CUDA_NO_HALF2_OPERATORS__", *[a for d in tc.torch_includes for a in ("-isystem", d)]]
+        for arch in archs:
+            number = arch[3:]
+            nvcc_args.append(f"-gencode=arch=compute_{number},code={arch}")
+        nvcc_args.append(f"-gencode=arch=compute_{archs[-1][3:]},code=compute_{archs[-1][3:]}")  # PTX for newer GPUs
+    context = {"name": spec.project.name, "spec_file": spec_file, "tc": tc, "cuda": cuda if uses_cuda else None,
+               "nvcc_args": nvcc_args, "libraries": libraries}
+    write_if_changed(out / "meson.build", _env().get_template("ops/meson.build.j2").render(context))
+    return {lib["entry"]: lib["name"] for lib in libraries}
+
+
 def render_project(
     spec: ProjectSpec, spec_file: str, tc: Toolchain, runtime_lib: Path, cuda: CudaToolchain | None, units: list[Unit],
-    prebuilt: dict[str, Prebuilt], out: Path,
+    prebuilt: dict[str, Prebuilt], ops: CustomOps | None, out: Path,
 ) -> RenderedProject:
     """Write the generated Meson project into `out`."""
     env = _env()
@@ -75,9 +101,18 @@ def render_project(
         for path in code.triton:
             files[src / "triton" / path.name] = path.read_bytes()
         cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
+        if code.extern_nodes:
+            nodes = proxy_executor.extern_nodes(json.loads(code.extern_nodes.read_text()))
+            files[src / "proxy_executor.cpp"] = env.get_template("project/proxy_executor.cpp.j2").render(graph=u.graph.name, nodes=nodes)
         files[src / "binding.cpp"] = binding.render(_binding_context(u, tc, spec, target_ids, cuda_graphs))
         unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "kernels": [p.name for p in code.kernels],
-                             "cuda_kernels": [p.stem for p in code.ptx], "triton": [p.name for p in code.triton], "cuda_graphs": cuda_graphs})
+                             "cuda_kernels": [p.stem for p in code.ptx], "triton": [p.name for p in code.triton], "cuda_graphs": cuda_graphs,
+                             "proxy_executor": code.extern_nodes is not None})
+    libraries = []
+    if ops:
+        for entry, path in zip([i for i, op in enumerate(spec.custom_op) if op.sources], ops.libraries, strict=True):
+            files[out / "src" / "ops" / path.name] = path.read_bytes()
+            libraries.append({"file": path.name, "op": next(d.name for d in ops.ops if d.entry == entry and d.module is None)})
     targets = []
     for t in spec.target:
         built = prebuilt[t.device]
@@ -105,6 +140,8 @@ def render_project(
         "targets": targets,
         "units": unit_context,
         "graphs": [g.name for g in spec.graph],
+        "op_libraries": libraries,
+        "op_modules": _op_modules(spec, units),
         "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g), spec.runtime.instances,
                                          any(t.device == "cpu" for t in spec.target)) for g in spec.graph},
     }
@@ -122,6 +159,18 @@ def render_project(
         content = files[path]
         digest.update(f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content))
     return RenderedProject(digest.hexdigest(), out, tuple(sorted(files)))
+
+
+def _op_modules(spec: ProjectSpec, units: list[Unit]) -> list[dict[str, str]]:
+    """The modules the package imports before its graphs, each with what needs it, for the ImportError."""
+    modules: dict[str, list[str]] = {}
+    for u in units:
+        for module in u.code.run_time_modules:
+            modules.setdefault(module, []).append(u.graph.name)
+    entries = {op.module: i for i, op in enumerate(spec.custom_op) if op.module}
+    return [{"module": m, "needed_by": (f"custom_op[{entries[m]}].module of the spec; " if m in entries else "")
+             + f"it defines ops that {'graphs' if len(set(g)) > 1 else 'graph'} {', '.join(sorted(set(g)))} call{'' if len(set(g)) > 1 else 's'}"}
+            for m, g in modules.items()]
 
 
 def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str, cuda_graphs: bool) -> dict[str, Any]:
@@ -157,6 +206,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str,
         "num_models": 1 if cuda_graphs else spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
         "has_last_error": tc.has_last_error,
+        "proxy_executor": u.code.extern_nodes is not None,
         "docstring": docstring(graph, u.code.out_nodes, 1 if cuda_graphs else spec.runtime.instances, u.target.device == "cpu"),
     }
 

@@ -64,6 +64,24 @@ class TraceResult:
 
 
 @dataclass(frozen=True)
+class DefinedOp:
+    """An op a [[custom_op]] entry registered."""
+
+    name: str  # 'ns::op', or 'ns::op.overload'
+    entry: int  # index of the entry in the spec
+    module: str | None  # the entry's module, where that defined the op (its body runs in Python); None for its library's
+
+
+@dataclass(frozen=True)
+class CustomOps:
+    """The spec's custom ops, loaded in this process: what a trace depends on, and what the package ships."""
+
+    key: str  # the ops' schemas and fake implementations
+    libraries: tuple[Path, ...]  # one per entry with sources, in entry order
+    ops: tuple[DefinedOp, ...]
+
+
+@dataclass(frozen=True)
 class KernelChoice:
     """One kernel selection Inductor made by timing: the op, its input sizes, the winner and every candidate's time."""
 
@@ -90,10 +108,13 @@ class CodegenResult:
     out_nodes: tuple[OutNode, ...]
     num_outputs: int
     kernel_choices: tuple[KernelChoice, ...] = ()
+    extern_nodes: Path | None = None  # Inductor's description of the ops it leaves to run time (its <hash>.wrapper.json)
+    run_time_modules: tuple[str, ...] = ()  # Python modules the package imports first: they define ops the graph calls
 
     @property
     def files(self) -> tuple[Path, ...]:
-        return (self.interface, self.model, *self.kernels, self.weights, *self.ptx, *self.triton)
+        nodes = (self.extern_nodes,) if self.extern_nodes else ()
+        return (self.interface, self.model, *self.kernels, self.weights, *self.ptx, *self.triton, *nodes)
 
     @property
     def compile_args(self) -> list[str]:

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import dims, entry
+from . import custom_ops, dims, entry
 from .entry import call_model, describe, example_sizes, load_model, make_inputs, project_scope
 from .errors import SpecError
 from .files import file_hash, source_hash, stage_key
-from .results import DICT, KEYWORD, LIST, NONE, OBJECT, POSITIONAL, SEQUENCE, TENSOR, TUPLE, OutNode, OutType, TraceResult
+from .results import DICT, KEYWORD, LIST, NONE, OBJECT, POSITIONAL, SEQUENCE, TENSOR, TUPLE, CustomOps, OutNode, OutType, TraceResult
 from .spec import Graph, Target
 from .spec.model import build_fields
 from .toolchain import Toolchain
@@ -25,11 +25,11 @@ from .toolchain import Toolchain
 _CONTAINERS = {tuple: TUPLE, list: LIST, dict: DICT}
 
 
-def trace_key(graph: Graph, target: Target, tc: Toolchain, spec_dir: Path) -> str:
+def trace_key(graph: Graph, target: Target, tc: Toolchain, spec_dir: Path, ops_key: str | None) -> str:
     """What a trace depends on besides the files it reads: the graph's spec, the files its `depends`
-    globs match, the device, torch, and shimgen's tracing code."""
+    globs match, the device, torch, the custom ops' schemas and fakes, and shimgen's tracing code."""
     declared = sorted({p for pattern in graph.depends for p in spec_dir.glob(pattern) if p.is_file()})
-    return stage_key(build_fields(graph), [(str(p), file_hash(p)) for p in declared], target.device, tc.torch_version,
+    return stage_key(build_fields(graph), [(str(p), file_hash(p)) for p in declared], target.device, tc.torch_version, ops_key,
                      source_hash(sys.modules[__name__]), source_hash(dims), source_hash(entry))
 
 
@@ -37,8 +37,18 @@ def still_valid(traced: TraceResult, key: str) -> bool:
     return traced.key == key and traced.program.is_file() and all(file_hash(Path(path)) == digest for path, digest in traced.reads)
 
 
-def trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: Path, key: str) -> TraceResult:
+def trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: Path, key: str, ops: CustomOps | None = None) -> TraceResult:
     """Export on `device` (Inductor generates kernels for the device the program's tensors are on) into `program_file`."""
+    try:
+        return _trace(graph, where, spec_dir, device, program_file, key)
+    except SpecError as exc:
+        better = custom_ops.explain_trace_failure(exc.message, ops) if ops else None
+        if better:
+            raise SpecError(exc.file, where, better) from None
+        raise
+
+
+def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: Path, key: str) -> TraceResult:
     import torch
 
     with project_scope(spec_dir) as reads:

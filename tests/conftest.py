@@ -29,9 +29,10 @@ def shimgen(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of projects/ (specs and models) with room for build/ and dist/ beside it."""
+    """A copy of projects/ (specs and models) and kernels/ (custom ops' sources) with room for build/ and dist/ beside it."""
     root = tmp_path_factory.mktemp("shimgen")
-    shutil.copytree(REPO / "projects", root / "projects", ignore=shutil.ignore_patterns("__pycache__"))
+    for directory in ("projects", "kernels"):
+        shutil.copytree(REPO / directory, root / directory, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 

@@ -194,3 +194,73 @@ def test_static_then_dynamic_build_embeds_its_own_kernels(workdir: Path, tmp_pat
     dyn = import_package(build_json(projects / "dyn.toml", tmp_path))
     model, (x,) = eager(projects / "dyn.toml", 0, "cuda", {"batch": 9})
     torch.testing.assert_close(dyn.mlp(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_custom_op_compiled_by_nvcc_and_captured(workdir: Path) -> None:
+    """A .cu op compiled for the spec's archs and shipped in the package; with cuda_graphs it runs inside the graph."""
+    spec = workdir / "projects" / "cuda_ops.toml"
+    built = build_json(spec, workdir)
+    result = shimgen("check", spec, "--out", workdir)
+    assert result.returncode == 0, result.stderr
+    library = Path(built["package_dir"], "cuda_ops", "ops", "libcuda_ops_ops0.so")
+    assert "sm_90" in cuobjdump("--list-elf", library)
+    pkg = import_package(built)
+    model, (x,) = eager(spec, 0, "cuda")
+    outs = [pkg.forward(x * k) for k in (1.0, 2.0, 3.0)]
+    for k, out in zip((1.0, 2.0, 3.0), outs, strict=True):  # replays of the captured graph, each with its own input
+        torch.testing.assert_close(out, model(x * k), rtol=1e-4, atol=1e-4)
+    print(f"cuda custom op: {library.name} holds sm_90 code; 3 replays of the captured graph match eager")
+
+
+def test_user_triton_kernels_with_docstrings_and_autotune(workdir: Path) -> None:
+    """triton_op kernels (one with \"\"\" and backslashes in its docstring, one autotuned) beside TMA GEMMs."""
+    spec = workdir / "projects" / "triton_ops.toml"
+    built = build_json(spec, workdir)
+    result = shimgen("check", spec, "--out", workdir)
+    assert result.returncode == 0, result.stderr
+    kernels = [p.name for p in Path(built["package_dir"], "triton_ops", "kernels", "forward_cuda").glob("*.ptx")]
+    assert any(k.startswith("scaled_add_kernel") for k in kernels) and any(k.startswith("relu_kernel") for k in kernels), kernels
+    sass = "".join(cuobjdump("--dump-sass", f) for f in fatbins(built))
+    assert "UTMALDG" in sass
+    print(f"user triton kernels embedded: {sorted(kernels)}; TMA loads in the GEMMs; check matches eager")
+
+
+HOST_TMA_MODULE = '''import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+@triton.jit
+def tma_scale_kernel(in_desc, out_desc, scale, BLOCK: tl.constexpr):
+    m, n = tl.program_id(0) * BLOCK, tl.program_id(1) * BLOCK
+    out_desc.store([m, n], in_desc.load([m, n]) * scale)
+
+
+@triton_op("host_tma::scale", mutates_args={})
+def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+    out = torch.empty_like(x)
+    grid = (triton.cdiv(x.shape[0], 32), triton.cdiv(x.shape[1], 32))
+    wrap_triton(tma_scale_kernel)[grid](TensorDescriptor.from_tensor(x, [32, 32]), TensorDescriptor.from_tensor(out, [32, 32]), factor, BLOCK=32)
+    return out
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.host_tma.scale(x + 1, 3.0) + 1
+'''
+
+
+def test_host_tma_descriptors_are_refused_naming_the_kernel(tmp_path: Path) -> None:
+    """AOTInductor in this torch compiles a kernel taking TensorDescriptor.from_tensor to wrong results: refused."""
+    (tmp_path / "host_tma.py").write_text(HOST_TMA_MODULE)
+    spec = tmp_path / "host_tma.toml"
+    spec.write_text('[project]\nname = "host_tma"\n\n[[custom_op]]\nmodule = "host_tma"\n\n[[graph]]\nname = "forward"\n'
+                    'entry = "host_tma:Model"\ninputs = [{ name = "x", shape = [64, 64] }]\n\n[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n')
+    result = shimgen("build", spec, "--out", tmp_path / "out")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Triton kernel tma_scale_kernel: its arguments in_desc, out_desc hold tensors the graph cannot see" in result.stderr
+    assert not (tmp_path / "out" / "dist").exists()
+    print(result.stderr.strip().splitlines()[-1])

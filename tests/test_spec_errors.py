@@ -66,8 +66,14 @@ CASES = [
      "target[0].isa: isa applies to cpu targets only"),
     ("bad isa", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cpu"\nisa = "sse9"\n',
      "target[0].isa: 'sse9' is not a valid isa (expected one of: native, avx2, avx512, default)"),
-    ("custom op", PROJECT + GOOD_GRAPH + '[[custom_op]]\nname = "mylib::gelu"\n',
-     "custom_op: custom ops are not yet supported (they come with the custom-ops work)"),
+    ("empty custom op", PROJECT + GOOD_GRAPH + '[[custom_op]]\n',
+     "custom_op[0]: give `sources` (C++/CUDA files defining ops with TORCH_LIBRARY) or `module` (a Python module), or both"),
+    ("cu without cuda", PROJECT + GOOD_GRAPH + '[[custom_op]]\nsources = ["k.cu"]\n',
+     'custom_op[0].sources[0]: \'k.cu\' is CUDA: .cu sources need a [[target]] with device = "cuda"'),
+    ("custom op source type", PROJECT + GOOD_GRAPH + '[[custom_op]]\nsources = ["k.py"]\n',
+     "custom_op[0].sources[0]: 'k.py' is not a C++ (.cpp, .cc, .cxx) or CUDA (.cu) source"),
+    ("custom op module name", PROJECT + GOOD_GRAPH + '[[custom_op]]\nmodule = "my-ops"\n',
+     "custom_op[0].module: 'my-ops' is not a Python module name such as 'my_ops' or 'pkg.ops'"),
     ("no module", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "nowhere.model:build"),
      "graph[0].entry: cannot import 'nowhere.model': ModuleNotFoundError: No module named 'nowhere'"),
     ("no attribute", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "models.mlp:nope"),
@@ -387,10 +393,10 @@ class Scaled(torch.nn.Module):
 '''
 
 
-def test_graph_calling_a_custom_op_is_refused_at_build(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Inductor leaves such an op to AOTInductor's proxy executor, which the binding does not have: the package
-    built, and every call failed. The build now says so and leaves no package."""
+def test_python_op_outside_any_entry_is_refused_at_build(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The compiled graph calls such an op back in Python, so the package would have to import the model's own file:
+    the build says to declare the module instead of leaving a package that fails on import."""
     (workdir / "projects" / "customop.py").write_text(CUSTOM_OP_MODEL)
     message = _build_error(workdir, tmp_path, capsys, PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "customop:Scaled"))
-    assert message == ("graph[0]: the graph calls shimgen_test::scale, which Inductor leaves to a run-time dispatcher call; "
-                       "shimgen does not support such ops (custom ops) yet")
+    assert message == (f"graph[0]: the graph calls shimgen_test::scale, a Python custom op defined in {workdir / 'projects' / 'customop.py'}, "
+                       "which the package would have to import when it loads: name its module in a [[custom_op]] entry (module = \"...\")")

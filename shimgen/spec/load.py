@@ -203,8 +203,7 @@ def validate(spec: ProjectSpec) -> None:
     _validate_flags(spec)
     if not 1 <= spec.runtime.instances <= INSTANCES_LIMIT:
         raise SpecError("", "runtime.instances", f"instances must be from 1 to {INSTANCES_LIMIT}, got {spec.runtime.instances}")
-    if spec.custom_op:
-        raise SpecError("", "custom_op", "custom ops are not yet supported (they come with the custom-ops work)")
+    _validate_custom_ops(spec)
 
 
 def _validate_project(spec: ProjectSpec) -> None:
@@ -416,6 +415,31 @@ def _validate_flags(spec: ProjectSpec) -> None:
             if graph.dims:
                 raise SpecError("", "flags.cuda_graphs",
                                 f"CUDA graphs replay one static shape; graph[{i}] '{graph.name}' has dynamic dims ({', '.join(graph.dims)})")
+
+
+CXX_SUFFIXES = (".cpp", ".cc", ".cxx")
+
+
+def _validate_custom_ops(spec: ProjectSpec) -> None:
+    """Shapes of [[custom_op]] entries; that the files exist is checked where the build reads them."""
+    cuda = any(t.device == "cuda" for t in spec.target)
+    modules: set[str] = set()
+    for i, op in enumerate(spec.custom_op):
+        where = f"custom_op[{i}]"
+        if not op.sources and op.module is None:
+            raise SpecError("", where, "give `sources` (C++/CUDA files defining ops with TORCH_LIBRARY) or `module` (a Python module), or both")
+        for k, source in enumerate(op.sources):
+            suffix = Path(source).suffix
+            if suffix == ".cu" and not cuda:
+                raise SpecError("", f"{where}.sources[{k}]", f"'{source}' is CUDA: .cu sources need a [[target]] with device = \"cuda\"")
+            if suffix not in (*CXX_SUFFIXES, ".cu"):
+                raise SpecError("", f"{where}.sources[{k}]", f"'{source}' is not a C++ ({', '.join(CXX_SUFFIXES)}) or CUDA (.cu) source")
+        if op.module is not None:
+            if not op.module or not all(p.isidentifier() for p in op.module.split(".")):
+                raise SpecError("", f"{where}.module", f"'{op.module}' is not a Python module name such as 'my_ops' or 'pkg.ops'")
+            if op.module in modules:
+                raise SpecError("", f"{where}.module", f"module '{op.module}' is listed twice")
+            modules.add(op.module)
 
 
 def arch_number(arch: str) -> int:

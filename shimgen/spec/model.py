@@ -200,10 +200,21 @@ class Runtime:
 
 @dataclass
 class CustomOp:
-    """[[custom_op]]: reserved for custom C++/Triton ops (not yet supported)."""
+    """[[custom_op]]: ops the graphs call that torch does not define, built and shipped with the package."""
 
-    name: str = doc("Qualified op name such as 'mylib::fused_gelu'.")
-    sources: list[str] = doc("Source files of the op.", default_factory=list)
+    sources: list[str] = doc(
+        "C++ files (.cpp, .cc, .cxx) and, for a cuda target, CUDA files (.cu), relative to the spec, that define ops with "
+        "TORCH_LIBRARY / TORCH_LIBRARY_IMPL. Meson compiles them into one library, loaded before tracing and shipped in "
+        "the package, which registers the ops on import (torch.ops.<ns>.<op> then works too). The graphs call them "
+        "through the dispatcher. An op needs a Meta kernel here or a fake implementation in `module`.",
+        default_factory=list,
+    )
+    module: str | None = doc(
+        "A Python module, imported with the spec's directory on sys.path, that registers ops with torch.library "
+        "(custom_op, register_fake, triton_op). Imported before tracing; the package imports it too where a built graph "
+        "still calls an op's Python body (triton_op kernels are compiled into the package and need no import).",
+        default=None,
+    )
 
 
 @dataclass
@@ -215,4 +226,4 @@ class ProjectSpec:
     target: list[Target] = doc("Devices to build for. Default: one native CPU target.", default_factory=list)
     flags: Flags = doc("Compile options.", default_factory=Flags)
     runtime: Runtime = doc("Behaviour of the generated package.", default_factory=Runtime)
-    custom_op: list[CustomOp] = doc("Custom ops (not yet supported).", default_factory=list)
+    custom_op: list[CustomOp] = doc("Custom ops the graphs call: C++/CUDA sources or a Python module.", default_factory=list)
