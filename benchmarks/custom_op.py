@@ -53,7 +53,7 @@ def synchronized(bind: Binder) -> Binder:
 
 def bench(spec_path: Path, work: Path, quick: bool, report: Report) -> None:
     from shimgen import dims, trace
-    from shimgen.custom_ops import _load_library
+    from shimgen.custom_ops import load_library
     from shimgen.entry import import_once
 
     seconds, summary = shimgen_build(spec_path, work)
@@ -63,7 +63,7 @@ def bench(spec_path: Path, work: Path, quick: bool, report: Report) -> None:
         if op.module:
             import_once(op.module, spec_path.parent.resolve())
     for library in sorted((work / "build" / spec.project.name / "ops" / "meson").glob("lib*.so")):
-        _load_library(library, "custom_op")
+        load_library(library, "custom_op")
     package = import_built(summary)
     with project(spec_path) as spec_dir:
         for graph in spec.graph:

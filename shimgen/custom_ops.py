@@ -47,7 +47,7 @@ def prepare(spec: ProjectSpec, spec_dir: Path, spec_file: str, root: Path, tc: T
         where = f"custom_op[{i}]"
         before = _schemas()
         if i in libraries:
-            _load_library(libraries[i], where)
+            load_library(libraries[i], where)
             new = _schemas() - before
             if not new:
                 raise SpecError("", f"{where}.sources", "the sources register no op (define them with TORCH_LIBRARY(ns, m) { m.def(...); })")
@@ -84,7 +84,7 @@ def _split(name: str) -> tuple[str, str]:
     return op, overload
 
 
-def _load_library(library: Path, where: str) -> None:
+def load_library(library: Path, where: str) -> None:
     import torch
 
     digest = file_hash(library)
