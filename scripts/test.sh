@@ -6,4 +6,4 @@ bash scripts/setup.sh
 # Lint first (configuration in pyproject.toml): any finding fails the run before the slow tests start.
 .venv/bin/ruff check .
 cd tests
-exec ../.venv/bin/python -m pytest -q -ra "$@"
+exec ../.venv/bin/python -m pytest -q -ra --durations=15 "$@"

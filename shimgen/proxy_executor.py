@@ -57,7 +57,7 @@ def _node(node: dict[str, Any]) -> ExternNode:
         slot = slots.get(item["name"])
         if slot is None:
             raise UserError(f"{target}: Inductor passes an argument '{item['name']}' its schema does not have")
-        args[slot] = flat.argument(schema.arguments[slot].real_type, item["arg"], item["name"])
+        args[slot] = flat.argument(item["arg"], item["name"])
     for slot, argument in enumerate(schema.arguments):
         if slot not in args:
             if not argument.has_default_value():
@@ -86,11 +86,9 @@ class _Flat:
         self.ints += 1
         return Markup(f"ints[{self.ints - 1}]")
 
-    def argument(self, schema_type: Any, arg: dict[str, Any], name: str) -> Markup:
+    def argument(self, arg: dict[str, Any], name: str) -> Markup:
+        """The IValue of one argument as Inductor serialized it: its kind says where the value is."""
         (kind, value), = arg.items()
-        type_kind = schema_type.kind()
-        if type_kind == "OptionalType":
-            return Markup("c10::IValue()") if kind == "as_none" else self.argument(schema_type.getElementType(), arg, name)
         if kind == "as_none":
             return Markup("c10::IValue()")
         if kind == "as_tensor":

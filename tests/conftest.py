@@ -62,6 +62,32 @@ def built_multi(workdir: Path) -> dict[str, Any]:
     return build_json(workdir / "projects" / "multi.toml", workdir)
 
 
+RSS_SCRIPT = """
+import os, sys, torch
+sys.path.insert(0, sys.argv[1])
+forward = __import__(sys.argv[2]).forward
+page = os.sysconf("SC_PAGE_SIZE")
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * page
+x = torch.randn(*map(int, sys.argv[3:]))
+for _ in range(2000):
+    forward(x)
+before = rss()
+for _ in range(10000):
+    forward(x)
+print(rss() - before)
+"""
+
+
+def rss_growth_over_10000_calls(summary: dict[str, Any], *shape: int) -> int:
+    """Bytes of resident memory a built package's `forward` gains over 10,000 calls on one input, after 2,000."""
+    run = subprocess.run([sys.executable, "-c", RSS_SCRIPT, summary["package_dir"], summary["name"], *map(str, shape)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return int(run.stdout)
+
+
 CALL_SCRIPT = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, shimgen
+from conftest import build_json, rss_growth_over_10000_calls, shimgen
 
 RUN_SCRIPT = """
 import json, sys, torch
@@ -79,24 +79,9 @@ def test_cpp_ops_are_compiled_into_the_package(built_cpp_ops: dict[str, Any], wo
 
 def test_memory_stays_flat_over_10000_calls(built_cpp_ops: dict[str, Any]) -> None:
     """Tensors passed to and returned by fallback kernels are released (AOTInductor once leaked their handles)."""
-    script = f"""
-import sys, torch
-sys.path.insert(0, {built_cpp_ops['package_dir']!r})
-import custom_ops
-def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * 4096
-x = torch.randn(64, 64)
-for _ in range(1000):
-    custom_ops.forward(x)
-before = rss()
-for _ in range(10000):
-    custom_ops.forward(x)
-print(rss() - before)
-"""
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    # Each call allocates and frees ~50 KB of tensors through the op; a leak would be ~500 MB.
-    assert int(out.stdout) < 4 * 2**20, f"resident memory grew by {int(out.stdout) / 2**20:.1f} MiB over 10,000 calls"
+    grown = rss_growth_over_10000_calls(built_cpp_ops, 64, 64)
+    # Each call allocates and frees ~50 KB of tensors through the ops; a leak would be ~500 MB.
+    assert grown < 4 * 2**20, f"resident memory grew by {grown / 2**20:.1f} MiB over 10,000 calls"
 
 
 def test_check_compares_cpp_ops_with_eager(built_cpp_ops: dict[str, Any], workdir: Path) -> None:

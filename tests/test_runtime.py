@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import import_package
+from conftest import import_package, rss_growth_over_10000_calls
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -213,28 +213,9 @@ def test_unusual_tensors_run_or_raise_the_inputs_error(packages: list[tuple[Any,
         assert str(exc.value).startswith(f"{graph.name}(): input 'x'"), str(exc.value)
 
 
-MEMORY_SCRIPT = """
-import os, sys, torch
-sys.path.insert(0, sys.argv[1])
-import mlp
-page = os.sysconf("SC_PAGE_SIZE")
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * page
-x = torch.randn(8, 32)
-for _ in range(2000):
-    mlp.forward(x)
-before = rss()
-for _ in range(10000):
-    mlp.forward(x)
-print(rss() - before)
-"""
-
-
 def test_memory_stays_flat_over_10000_calls(built_mlp: dict[str, Any]) -> None:
-    run = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, built_mlp["package_dir"]], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    assert int(run.stdout) <= 1 << 20, f"resident memory grew by {int(run.stdout)} bytes"
+    grown = rss_growth_over_10000_calls(built_mlp, 8, 32)
+    assert grown <= 1 << 20, f"resident memory grew by {grown} bytes"
 
 
 def test_no_compiler_at_import_or_call(built_mlp: dict[str, Any], tmp_path: Path) -> None:
