@@ -9,7 +9,7 @@ PYTHON="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "torch==${TORCH_VERSION}"
-"${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja jinja2 packaging numpy pytest hypothesis "transformers==5.23.0"
+"${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja jinja2 packaging numpy pytest hypothesis jsonschema pyyaml "transformers==5.23.0"
 # The linter scripts/test.sh runs; pinned to a minor release, since new releases add findings.
 "${pip[@]}" "ruff>=0.17,<0.18"
 # meson-python looks meson up on PATH unless told; the venv's is not on PATH (nothing is activated).

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/system_packages.sh
 # Lint first (configuration in pyproject.toml): any finding fails the run before the slow tests start.
 .venv/bin/ruff check .
 cd tests

@@ -1,9 +1,10 @@
-"""`shimgen build | check | schema | clean`. User errors print one line and exit 2; a shimgen bug prints
+"""`shimgen build | check | matrix | ci | report | merge | doctor | schema | clean`. User errors print one line and exit 2; a shimgen bug prints
 one paragraph, saves its traceback to a file and exits 3."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
-from . import probe, toolchain
+from . import ci_workflow, matrix, merge, probe, report, shared_cache, toolchain
 from .check import compare
 from .errors import BuildError, UserError
 from .files import exclusive
@@ -98,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="shimgen", description="Build compiled PyTorch model shims from a TOML spec.")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
+    def only_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--only", metavar="ID", help="build just this build identifier (see `shimgen matrix`), in build/<name>/<ID>/")
+        p.add_argument("--cache", metavar="URL", help="a build cache shared across machines: redis://host:port[/db], file:///path or "
+                       f"a directory (default: ${shared_cache.ENV})")
+
     def spec_command(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.add_argument("spec", type=Path, help="the spec file, e.g. projects/resnet.toml")
@@ -106,13 +112,47 @@ def _parser() -> argparse.ArgumentParser:
 
     p = spec_command("build", "trace, generate, compile and package a spec")
     p.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    only_option(p)
     p.add_argument("--force", action="store_true", help="ignore recorded stage keys and rebuild everything")
     p.add_argument("--no-cache", action="store_true", help="do not compile through ccache/sccache even when one is on PATH")
+    p.add_argument("--retune", action="store_true", help="measure every kernel choice again instead of replaying <spec>.lock, and rewrite it")
     p.set_defaults(run=_build)
 
     p = spec_command("check", "build if needed, then compare the package with eager PyTorch")
     p.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+    only_option(p)
     p.set_defaults(run=_check)
+
+    p = sub.add_parser("matrix", help="print the spec's build identifiers, one per CI job", description="print the spec's build "
+                       "identifiers (target x torch x Python, x CUDA for a cuda target), one per CI job")
+    p.add_argument("spec", type=Path, help="the spec file, e.g. projects/resnet.toml")
+    p.add_argument("--json", action="store_true", help="a JSON list of the jobs with their versions, for a CI matrix")
+    p.set_defaults(run=_matrix)
+
+    p = sub.add_parser("ci", help="write a GitHub Actions workflow with one job per build identifier", description="write a GitHub "
+                       "Actions workflow for the spec's build matrix: one job per build identifier (see `shimgen matrix`), each "
+                       "installing its torch, then shimgen, then running build and check with --only its identifier")
+    p.add_argument("spec", type=Path, help="the spec file, e.g. projects/resnet.toml")
+    p.add_argument("--root", type=Path, help="the repository's top directory, where the jobs run (default: the top of the git "
+                   "repository holding the spec, else the current directory)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--output", type=Path, help="the workflow file (default: <root>/.github/workflows/shimgen-<name>.yml)")
+    where.add_argument("--print", action="store_true", help="write the workflow to stdout instead of a file")
+    p.add_argument("--cuda-runner", default="gpu", metavar="LABEL[,LABEL...]", help="runs-on label of the CUDA jobs' runner, or "
+                   "several separated by commas, such as self-hosted,linux,gpu (default: gpu)")
+    p.add_argument("--shimgen-requirement", metavar="REQUIREMENT", help="what the jobs pip install as shimgen, such as "
+                   "'shimgen>=0.1' or 'shimgen @ git+https://...' (default: shimgen==<this shimgen's version>)")
+    p.set_defaults(run=_ci)
+
+    p = sub.add_parser("merge", help="join one package's per-target wheels (built with --only) into one multi-target wheel")
+    p.add_argument("wheels", type=Path, nargs="+", help="the wheels, one per target")
+    p.add_argument("--out", type=Path, default=Path("dist"), help="directory of the merged wheel (default: dist)")
+    p.set_defaults(run=_merge)
+
+    p = spec_command("report", "show what the last build made: kernels, kernel choices, compile seconds, sizes")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
+    p.add_argument("--only", metavar="ID", help="report the build of this build identifier (see `shimgen matrix`), in build/<name>/<ID>/")
+    p.set_defaults(run=_report)
 
     p = spec_command("clean", "remove build/<name>/ and the project's wheels from dist/")
     p.set_defaults(run=_clean)
@@ -137,12 +177,13 @@ def _progress(stage: str, message: str) -> None:
         print(f"{clear}[{stage}] {message}", file=sys.stderr, flush=True)
 
 
-def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True):  # type: ignore[no-untyped-def]
-    return build(args.spec, args.out, force=force, use_cache=use_cache, progress=_progress)
+def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True, retune: bool = False):  # type: ignore[no-untyped-def]
+    return build(args.spec, args.out, force=force, use_cache=use_cache, progress=_progress, only=args.only, retune=retune,
+                 cache_url=args.cache)
 
 
 def _build(args: argparse.Namespace) -> int:
-    result = _run_build(args, force=args.force, use_cache=not args.no_cache)
+    result = _run_build(args, force=args.force, use_cache=not args.no_cache, retune=args.retune)
     _print_summary(result)
     if args.json:
         print(json.dumps(result.summary(), indent=2))
@@ -151,10 +192,15 @@ def _build(args: argparse.Namespace) -> int:
 
 def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
     err = sys.stderr
-    print(f"\nbuilt {result.name} ({result.target}): {', '.join(result.graphs)}", file=err)
+    print(f"\nbuilt {result.name} ({', '.join(result.identifiers)}): {', '.join(result.graphs)}", file=err)
     print(f"  wheel:       {result.wheel}", file=err)
     print(f"  package_dir: {result.package_dir}", file=err)
-    print(f"  compiler cache: {result.compiler_cache or 'none (no ccache/sccache on PATH, or --no-cache)'}", file=err)
+    print(f"  compiler cache: {result.compiler_cache or 'none (no ccache/sccache on PATH, --no-cache, or nothing compiled)'}", file=err)
+    if result.shared_cache:
+        shared = result.shared_cache
+        found = ", ".join(shared["found"]) or "nothing"
+        print(f"  shared cache: {shared['url']}: found {found}; stored {', '.join(shared['stored']) or 'nothing'}"
+              + (f"; off after an error: {shared['error']}" if shared["error"] else ""), file=err)
     if result.skipped:
         print(f"  up to date, skipped: {', '.join(result.skipped)}", file=err)
     print(f"  {'stage':<10} {'seconds':>8}", file=err)
@@ -175,6 +221,8 @@ def _check(args: argparse.Namespace) -> int:
     started = time.monotonic()
     result = _run_build(args)
     spec = load_spec(args.spec)
+    if args.only:
+        spec = dataclasses.replace(spec, target=[matrix.select(spec, args.only).target])
     rows = compare(spec, args.spec.parent.resolve(), result.package_dir)
     failed = [r for r in rows if not r.ok]
     print(f"\n{'graph':<12} {'case':<14} {'output':<24} {'max abs err':>12} {'max rel err':>12}", file=sys.stderr)
@@ -193,6 +241,36 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**result.summary(), "ok": not failed, "comparisons": [r.__dict__ for r in rows]}, indent=2))
     return 1 if failed else 0
+
+
+def _matrix(args: argparse.Namespace) -> int:
+    ids = matrix.identifiers(load_spec(args.spec))
+    print(json.dumps([b.as_json() for b in ids], indent=2) if args.json else "\n".join(b.identifier for b in ids))
+    return 0
+
+
+def _ci(args: argparse.Namespace) -> int:
+    root = args.root or ci_workflow.default_root(args.spec)
+    text = ci_workflow.workflow(args.spec, root, ci_workflow.runner_labels(args.cuda_runner),
+                                args.shimgen_requirement or ci_workflow.default_requirement())
+    if args.print:
+        print(text, end="")
+        return 0
+    output = args.output or ci_workflow.default_output(root, args.spec)
+    ci_workflow.write(output, text)
+    print(output)
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    print(merge.merge(args.wheels, args.out))
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    data = report.collect(args.spec, args.out, args.only)
+    print(json.dumps(data, indent=2) if args.json else report.text(data))
+    return 0
 
 
 def _clean(args: argparse.Namespace) -> int:
@@ -217,6 +295,8 @@ def _doctor(args: argparse.Namespace) -> int:
     print(f"meson:          {tc.meson}")
     print(f"ninja:          {tc.ninja}")
     print(f"compiler cache: {toolchain.compiler_cache() or 'none on PATH'}")
+    url = shared_cache.configured(None)
+    print(f"shared cache:   {_shared_line(url) if url else f'none (--cache URL or ${shared_cache.ENV})'}")
     print(f"per-user cache: {toolchain.cache_dir().parent}")
     print("compilers (probe: build a torch extension with the project's Meson setup, load it in a subprocess):")
     chosen = None
@@ -227,6 +307,16 @@ def _doctor(args: argparse.Namespace) -> int:
     print(f"selected:       {chosen or 'none: set CXX to a compiler that builds loadable torch extensions'}")
     print(f"cuda targets:   {_cuda_line()}")
     return 0 if chosen else 2
+
+
+def _shared_line(url: str) -> str:
+    backend = shared_cache.backend(url)
+    try:
+        backend.get("doctor")
+    except OSError as exc:
+        return f"{backend.url}: unreachable ({exc})"
+    remote = f"; ccache remote storage {shared_cache.ccache_remote(backend)}" if "ccache" in (toolchain.compiler_cache() or "") else ""
+    return f"{backend.url}: reachable{remote}"
 
 
 def _cuda_line() -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import re
 import shutil
 import sys
@@ -33,6 +34,7 @@ from unittest import mock
 from . import custom_ops, kernel_choice, openmp, proxy_executor, user_triton
 from .errors import UserError
 from .files import replace_dir, source_hash, stage_key
+from .lockfile import Timings
 from .results import CodegenResult, CustomOps, TraceResult
 from .spec import Flags, Target
 
@@ -95,16 +97,31 @@ def uses_onednn(target: Target, flags: Flags) -> bool:
     return target.device == "cpu" and flags.onednn and target.isa == "native"
 
 
-def codegen_key(traced: TraceResult, target: Target, flags: Flags) -> str:
-    return stage_key(traced.key, traced.reads, target.isa, target.archs, inductor_configs(target, flags), flags.onednn, flags.split,
+def codegen_key(traced: TraceResult, target: Target, flags: Flags, locked: Timings) -> str:
+    """Holds no path of this machine (the shared cache finds it on another); for a native ISA, this machine's CPU."""
+    host = _host_cpu() if target.device == "cpu" and target.isa == "native" else None
+    return stage_key(traced.key, sorted(digest for _, digest in traced.reads), locked, host, target.isa, target.archs,
+                     inductor_configs(target, flags), flags.onednn, flags.split,
                      source_hash(sys.modules[__name__]), source_hash(openmp), source_hash(kernel_choice), source_hash(custom_ops),
                      source_hash(proxy_executor), source_hash(user_triton))
 
 
-def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str, ops: CustomOps | None) -> CodegenResult:
+def _host_cpu() -> str:
+    """The CPU model and its feature flags, what -march=native and Inductor's ISA pick depend on."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    wanted = [line.split(":", 1)[1].strip() for line in lines if line.split(":")[0].strip() in ("model name", "flags")]
+    return stage_key(wanted[:2])
+
+
+def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str, ops: CustomOps | None,
+             locked: Timings, retune: bool = False) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
     for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
-    dispatcher at run time. The directory is replaced whole, only on success."""
+    dispatcher at run time. Kernel choices come from the `locked` timings where they have them (unless `retune`).
+    The directory is replaced whole, only on success."""
     import torch
 
     staging = out_dir.with_name(out_dir.name + ".new")
@@ -118,7 +135,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
             per_device = _cuda_codegen(Path(tmp)) if target.device == "cuda" else _parallel_only_with_enough_work()
             with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags)), _quiet_autotuning(), per_device, \
-                    kernel_choice.recorded(target.device) as choices:
+                    kernel_choice.recorded(target.device, locked, retune) as recording:
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
                 )
@@ -147,8 +164,8 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
     return CodegenResult(
         key, out_dir / "interface.cpp", out_dir / "model.cpp", tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
         out_dir / "weights.o", tuple(out_dir / name for name in ptx_names), tuple(out_dir / "triton" / name for name in triton_names),
-        tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs, kernel_choice.merged(choices),
-        out_dir / "extern_nodes.json" if called else None, custom_ops.run_time_modules(called, ops),
+        tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs, kernel_choice.merged(recording.choices),
+        out_dir / "extern_nodes.json" if called else None, custom_ops.run_time_modules(called, ops), recording.timings,
     )
 
 

@@ -49,6 +49,25 @@ def toml(value: str) -> Markup:
     return Markup(f'"{text}"')
 
 
+def yaml(value: str | list[str]) -> Markup:
+    """A YAML double-quoted scalar, or a flow sequence of them for a list. Escaped: quotes, backslashes and every character
+    YAML does not allow as it is or reads as a line break (control characters, DEL, NEL, U+2028/9, a BOM)."""
+    if isinstance(value, (list, tuple)):
+        return Markup("[" + ", ".join(yaml(item) for item in value) + "]")
+    return Markup('"' + "".join(_yaml_char(c) for c in str(value)) + '"')
+
+
+def _yaml_char(c: str) -> str:
+    code = ord(c)
+    if 0xD800 <= code < 0xE000:  # a byte that was not UTF-8, kept by Python as a lone surrogate: no YAML text holds it
+        raise ValueError(f"not text: {c!r}")
+    if c in '"\\':
+        return "\\" + c
+    if 0x20 <= code < 0x7F or (code >= 0xA0 and code not in (0x2028, 0x2029, 0xFEFF, 0xFFFE, 0xFFFF)):
+        return c
+    return f"\\u{code:04x}"
+
+
 def ident(value: str) -> Markup:
     """An identifier (Python and C++), printed as it is; anything else is a bug upstream."""
     if not (str(value).isidentifier() and str(value).isascii()):
@@ -69,7 +88,7 @@ def comment(value: str) -> Markup:
     return Markup("".join(c if c >= " " and c != "\x7f" else " " for c in str(value)))
 
 
-FILTERS = {"py": py, "cpp": cpp, "meson": meson, "toml": toml, "ident": ident, "plain": plain, "comment": comment}
+FILTERS = {"py": py, "cpp": cpp, "meson": meson, "toml": toml, "yaml": yaml, "ident": ident, "plain": plain, "comment": comment}
 
 
 def require_escaped(value: Any) -> Any:

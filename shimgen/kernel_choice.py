@@ -1,4 +1,5 @@
-"""Kernel choices Inductor measures at codegen (`gemm_autotune`, `max_autotune`), recorded for the build summary.
+"""Kernel choices Inductor measures at codegen (`gemm_autotune`, `max_autotune`), recorded for the build summary and
+the lockfile, and replayed from the lockfile.
 
 Inductor times each GEMM's candidate kernels for the traced sizes (the dims' examples) and keeps the
 fastest. Every selection is recorded here, also those answered from Inductor's autotuning cache, whose
@@ -15,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
+from .lockfile import Timings
 from .results import KernelChoice
 
 # Extern (library) kernels by the name Inductor's choice carries; the rest are Inductor's own templates.
@@ -37,15 +40,38 @@ def kind(choice_name: str, extern: bool) -> str:
     return "Inductor Triton template" if choice_name.startswith("triton_") else "Inductor template"
 
 
+@dataclass
+class Recording:
+    choices: list[KernelChoice] = field(default_factory=list)
+    timings: Timings = field(default_factory=dict)  # every timing record Inductor's selections used, in the lockfile's shape
+
+
 @contextmanager
-def recorded(device: str) -> Iterator[list[KernelChoice]]:
-    """Inductor's configuration for the duration: every kernel selection appended to the yielded list."""
+def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
+    """Inductor's configuration for the duration: every kernel selection recorded; a selection whose candidates
+    all have timings in `locked` takes them from there instead of measuring (none does with `retune`)."""
     import torch
     from torch._inductor import config, select_algorithm
-    from torch._inductor.codecache import CacheBase
+    from torch._inductor.codecache import CacheBase, PersistentCache
     from torch._inductor.virtualized import V
 
-    choices: list[KernelChoice] = []
+    recording = Recording()
+    choices = recording.choices
+    measure = PersistentCache.lookup
+
+    def lookup(self: Any, candidates: list[Any], op: str, inputs: str, benchmark: Any, hint_override: int | None = None) -> dict[Any, float]:
+        key = f"{inputs}_{hint_override}" if hint_override is not None else inputs
+        precision = torch.get_float32_matmul_precision()
+        replay = locked.get(op, {}).get(key, {}).get(precision, {})
+        if not retune and candidates and all(c.hash_key() in replay for c in candidates):
+            timings = {c: replay[c.hash_key()] for c in candidates}
+        elif retune:
+            timings = benchmark(candidates) if benchmark is not None else {}
+        else:
+            timings = measure(self, candidates, op, inputs, benchmark, hint_override)
+        record = recording.timings.setdefault(op, {}).setdefault(key, {}).setdefault(precision, {})
+        record.update({c.hash_key(): t for c, t in timings.items()})
+        return timings
 
     def log_results(name: str, input_nodes: list[Any], timings: dict[Any, float], *args: Any, **kwargs: Any) -> None:
         if timings:
@@ -55,13 +81,14 @@ def recorded(device: str) -> Iterator[list[KernelChoice]]:
     with ExitStack() as stack:
         stack.enter_context(config.patch({"trace.log_autotuning_results": True}))  # makes Inductor report cached selections too
         stack.enter_context(mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results)))
+        stack.enter_context(mock.patch.object(PersistentCache, "lookup", lookup))
         if device == "cpu":
             cache = CacheBase.get_local_cache_path()
             one_thread_cache = cache.with_name(f"{cache.name}-shimgen-cpu-one-thread")
             stack.enter_context(mock.patch.object(CacheBase, "get_local_cache_path", staticmethod(lambda: one_thread_cache)))
             torch.set_num_threads(1)
             stack.callback(torch.set_num_threads, threads)
-        yield choices
+        yield recording
 
 
 def _sizes(graph: Any, node: Any) -> str:

@@ -5,6 +5,9 @@ Every build directory is configured exactly as meson-python configures one (same
 native file), so meson-python's wheel step reuses the compile stage's build directory and finds
 nothing left to compile. Every failure reads the same way: the step, the failing translation unit
 and the compiler's first error; the whole log stays on disk under the build directory.
+
+Every step runs with SOURCE_DATE_EPOCH set (the user's, else a constant), so that no date of the build
+reaches its outputs: the compiler's __DATE__ and __TIME__, meson-python's wheel timestamps.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import BuildError
+from .errors import BuildError, UserError
 from .files import write_if_changed
 from .process import Completed, run
 from .results import CompileResult
@@ -26,6 +29,7 @@ NATIVE_FILE = "meson-python-native-file.ini"
 NINJA_STATUS = "[shimgen %f/%t] "
 _STATUS = re.compile(r"^\[shimgen (\d+)/(\d+)\] (.*)$")
 _BUILD_WHEEL = "import sys, mesonpy; print('shimgen-wheel:', mesonpy.build_wheel(sys.argv[1], {'build-dir': sys.argv[2]}))"
+ZIP_EPOCH = 315532800  # 1980-01-01 00:00 UTC, the earliest time a zip member can hold
 
 
 class BuildFailure(BuildError):
@@ -51,7 +55,7 @@ def build(source: Path, build_dir: Path, tc: Toolchain, what: str, launcher: str
     # The content meson-python writes, so its reconfigure at the wheel step changes nothing.
     write_if_changed(build_dir / NATIVE_FILE, f"\n[binaries]\npython = '{tc.python}'\n")
     if not (build_dir / "meson-private" / "coredata.dat").is_file():
-        setup = run([tc.meson, "setup", *setup_args(source, build_dir)], env=tc.env(launcher), log=_log(build_dir, "setup"))
+        setup = run([tc.meson, "setup", *setup_args(source, build_dir)], env=_env(tc, launcher), log=_log(build_dir, "setup"))
         if not setup.ok:
             raise BuildFailure(what, "meson setup", setup, setup.tail(25))
     return _ninja(build_dir, tc, what, progress or (lambda message: None))
@@ -68,7 +72,7 @@ def _ninja(build_dir: Path, tc: Toolchain, what: str, progress: Callable[[str], 
             done, total = int(match[1]), int(match[2])
             progress(f"compile {done} of {total}: {unit_name(match[3])}")
 
-    ninja = run([tc.ninja, "-C", str(build_dir)], env={**tc.env(), "NINJA_STATUS": NINJA_STATUS}, log=_log(build_dir, "compile"),
+    ninja = run([tc.ninja, "-C", str(build_dir)], env={**_env(tc), "NINJA_STATUS": NINJA_STATUS}, log=_log(build_dir, "compile"),
                 on_line=on_line)
     if not ninja.ok:
         unit, detail = first_error(ninja.output, build_dir)
@@ -78,10 +82,25 @@ def _ninja(build_dir: Path, tc: Toolchain, what: str, progress: Callable[[str], 
 
 def build_wheel(source: Path, build_dir: Path, out: Path, tc: Toolchain, launcher: str | None) -> Path:
     """meson-python, without build isolation, reusing the compile stage's build directory."""
-    wheel = run([tc.python, "-c", _BUILD_WHEEL, str(out), str(build_dir)], cwd=source, env=tc.env(launcher), log=_log(build_dir, "wheel"))
+    wheel = run([tc.python, "-c", _BUILD_WHEEL, str(out), str(build_dir)], cwd=source, env=_env(tc, launcher), log=_log(build_dir, "wheel"))
     if not wheel.ok:
         raise BuildFailure("the package", "meson-python", wheel, wheel.tail(20))
     return out / next(line for line in reversed(wheel.output.splitlines()) if line.startswith("shimgen-wheel: "))[len("shimgen-wheel: "):]
+
+
+def source_date_epoch() -> int:
+    """$SOURCE_DATE_EPOCH (reproducible-builds.org) when set, else the earliest time a zip can hold: never the clock."""
+    value = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if not value:
+        return ZIP_EPOCH
+    if not value.isdigit():
+        raise UserError(f"SOURCE_DATE_EPOCH={value!r} is not a number of seconds since 1970-01-01 UTC; "
+                        "set it to one (`git log -1 --format=%ct`, say) or unset it")
+    return int(value)
+
+
+def _env(tc: Toolchain, launcher: str | None = None) -> dict[str, str]:
+    return {**tc.env(launcher), "SOURCE_DATE_EPOCH": str(source_date_epoch())}
 
 
 def built_files(build_dir: Path) -> tuple[Path, ...]:

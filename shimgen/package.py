@@ -1,18 +1,27 @@
 """Package stage: meson-python turns the compiled build directory into a wheel; the wheel unpacked
 is the importable package directory. Both are replaced only after the unpacked package imports in
 a fresh interpreter, so a build that reports success always leaves a package that imports.
+
+The wheel is reproducible: its members are rewritten in sorted order (the .dist-info directory last, RECORD
+last of all), with SOURCE_DATE_EPOCH's timestamp and permissions that do not depend on the umask.
 """
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import io
 import shutil
+import stat
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
 from .errors import BuildError
 from .files import replace_dir
-from .meson import build_wheel
+from .meson import ZIP_EPOCH, build_wheel, source_date_epoch
 from .process import run
 from .results import PackageResult
 from .toolchain import Toolchain
@@ -27,6 +36,7 @@ def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name
     dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
         wheel = build_wheel(source, build_dir, Path(tmp), tc, launcher)
+        normalize_wheel(wheel, source_date_epoch())
         staging = site.with_name(site.name + ".new")
         _unpack(wheel, staging)
         _check_imports(staging, name, tc, module_dirs)
@@ -34,6 +44,51 @@ def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name
         wheel.replace(final)
         replace_dir(staging, site)
     return PackageResult(key, final, site)
+
+
+def normalize_wheel(wheel: Path, epoch: int) -> None:
+    """Rewrite `wheel` in place so that its bytes depend only on its members' names and contents."""
+    with zipfile.ZipFile(wheel) as zf:
+        members = {info.filename: (zf.read(info), bool((info.external_attr >> 16) & 0o111)) for info in zf.infolist() if not info.is_dir()}
+    if not any(name.endswith(".dist-info/RECORD") for name in members):
+        raise BuildError(f"meson-python wrote a wheel without a RECORD: {wheel.name}")
+    write_wheel(wheel, members, epoch)
+
+
+def write_wheel(wheel: Path, members: dict[str, tuple[bytes, bool]], epoch: int | None = None) -> None:
+    """A wheel of `members` (name: (content, executable)), atomically: members sorted (.dist-info last, its RECORD
+    regenerated in that order and last), every timestamp `epoch` (default SOURCE_DATE_EPOCH's), modes 0644 or 0755."""
+    epoch = source_date_epoch() if epoch is None else epoch
+    members = {name: member for name, member in members.items() if not name.endswith(".dist-info/RECORD")}
+    names = sorted(members, key=lambda name: (name.split("/")[0].endswith(".dist-info"), name))
+    record = next(name.split("/")[0] for name in names if name.split("/")[0].endswith(".dist-info")) + "/RECORD"
+    rewritten = wheel.with_name(wheel.name + ".tmp")
+    with zipfile.ZipFile(rewritten, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in names:
+            data, executable = members[name]
+            zf.writestr(_zip_entry(name, epoch, executable), data)
+        zf.writestr(_zip_entry(record, epoch, False), _record(names, members, record))
+    rewritten.replace(wheel)
+
+
+def _zip_entry(name: str, epoch: int, executable: bool) -> zipfile.ZipInfo:
+    # A zip timestamp has no time zone: UTC, as reproducible-builds.org has it (and meson-python does).
+    info = zipfile.ZipInfo(name, time.gmtime(max(epoch, ZIP_EPOCH))[:6])
+    info.external_attr = (stat.S_IFREG | (0o755 if executable else 0o644)) << 16
+    info.create_system = 3  # Unix, whatever the build machine (the modes above are Unix modes)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
+
+
+def _record(names: list[str], members: dict[str, tuple[bytes, bool]], record: str) -> bytes:
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    for name in names:
+        data = members[name][0]
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow((name, f"sha256={digest}", len(data)))
+    writer.writerow((record, "", ""))
+    return text.getvalue().encode()
 
 
 def _unpack(wheel: Path, staging: Path) -> None:
@@ -50,3 +105,15 @@ def _check_imports(staging: Path, name: str, tc: Toolchain, module_dirs: tuple[P
         shutil.rmtree(staging, ignore_errors=True)
         crash = f" (it crashed with signal {imported.signal})" if imported.signal else ""
         raise BuildError(f"the built package '{name}' does not import{crash}; the previous package is left in place: {imported.tail(1)}")
+
+
+def install(wheel: Path, dist: Path, site: Path, name: str, tc: Toolchain, key: str, module_dirs: tuple[Path, ...] = ()) -> PackageResult:
+    """A wheel built before (the shared cache's) put in `dist` and unpacked in `site`, once it imports here."""
+    dist.mkdir(parents=True, exist_ok=True)
+    staging = site.with_name(site.name + ".new")
+    _unpack(wheel, staging)
+    _check_imports(staging, name, tc, module_dirs)
+    final = dist / wheel.name
+    wheel.replace(final)
+    replace_dir(staging, site)
+    return PackageResult(key, final, site)

@@ -8,7 +8,11 @@ Outputs under <out>/build/<name>/: ops/ (the custom ops' Meson project and build
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import codegen, custom_ops, meson, package, prebuilt, probe, render, toolchain, trace
+from . import codegen, custom_ops, lockfile, matrix, meson, package, prebuilt, probe, proxy_executor, render, shared_cache, toolchain, trace
 from .errors import SpecError, UserError
-from .files import exclusive, file_hash, stage_key
+from .files import exclusive, file_hash, source_hash, stage_key
 from .results import (
     CodegenResult,
     CompileResult,
@@ -32,6 +36,7 @@ from .results import (
     to_json,
     unit_name,
 )
+from .shared_cache import SharedCache
 from .spec import Graph, ProjectSpec, Target, load_spec
 from .state import State
 from .toolchain import Toolchain
@@ -53,6 +58,8 @@ class BuildOutput:
     skipped: list[str] = field(default_factory=list)
     compiler_cache: str | None = None
     kernel_choices: dict[str, tuple[KernelChoice, ...]] = field(default_factory=dict)  # by unit
+    identifiers: list[str] = field(default_factory=list)  # the matrix's build identifiers this package covers
+    shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -67,6 +74,8 @@ class BuildOutput:
             "skipped": self.skipped,
             "compiler_cache": self.compiler_cache,
             "kernel_choices": to_json(self.kernel_choices),
+            "identifiers": self.identifiers,
+            "shared_cache": self.shared_cache,
         }
 
 
@@ -102,7 +111,13 @@ class Layout:
 
     @property
     def lock_file(self) -> Path:
+        """Held while a build writes into `root`."""
         return self.root.with_name(f".{self.root.name}.lock")
+
+    @property
+    def lock_path(self) -> Path:
+        """The spec's lockfile of kernel choices."""
+        return lockfile.path_for(self.spec_path)
 
 
 @dataclass(frozen=True)
@@ -113,6 +128,7 @@ class Tools:
     tc: Toolchain
     runtime_lib: Path
     cuda: CudaToolchain | None
+    torch_cuda: str | None  # the CUDA torch was built with, where a target is cuda
     launcher: str | None
 
     @property
@@ -141,17 +157,58 @@ class Timeline:
         self.report(name, f"{detail} {done}" if detail else done)
 
 
-def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = True, progress: Progress | None = None) -> BuildOutput:
+def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = True, progress: Progress | None = None,
+          only: str | None = None, retune: bool = False, cache_url: str | None = None) -> BuildOutput:
+    """Build the spec's package for all its targets, or for the one build identifier `only` names (in a directory of its own).
+    Kernel choices replay the spec's lockfile; `retune` measures them all again. `cache_url` names a shared cache."""
     report = progress or (lambda stage, msg: None)
     try:
         spec = load_spec(spec_path)
         layout = Layout.of(spec_path, out.resolve(), spec.project.name)
+        all_units = {unit_name(g, t) for g in spec.graph for t in spec.target}
+        if only is not None:
+            picked = matrix.select(spec, only)
+            spec = dataclasses.replace(spec, target=[picked.target])
+            layout = dataclasses.replace(layout, root=layout.root / picked.identifier)
         # One build of a project per output directory at a time; the per-user caches have locks of their own.
         with exclusive(layout.lock_file, lambda msg: report("lock", msg)):
-            return _build(spec, layout, force, use_cache, report)
+            url = shared_cache.configured(cache_url)
+            shared = SharedCache(shared_cache.backend(url)) if url else None
+            if shared:
+                os.environ.setdefault("CCACHE_REMOTE_STORAGE", shared_cache.ccache_remote(shared.backend))
+            return _build(spec, layout, force, use_cache, report, Tuning(lockfile.read(layout.lock_path), retune, all_units), shared)
     except SpecError as exc:
         exc.file = exc.file or str(spec_path)
         raise
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The lockfile's timing records as the build found them, whether to measure again, and the spec's units (the
+    lockfile keeps theirs, also those of targets that `--only` leaves out)."""
+
+    locked: dict[str, lockfile.Timings]
+    retune: bool
+    all_units: set[str]
+
+
+class LazyTools:
+    """The proved toolchain, probed when a stage first needs to compile: a build that the shared cache answers
+    whole, on a machine with an empty per-user cache, never proves a compiler."""
+
+    def __init__(self, spec: ProjectSpec, use_cache: bool, timeline: Timeline) -> None:
+        self._spec, self._use_cache, self._timeline = spec, use_cache, timeline
+        self._tools: Tools | None = None
+
+    def __call__(self) -> Tools:
+        if self._tools is None:
+            with self._timeline.stage("toolchain"):
+                self._tools = _tools(self._spec, self._use_cache, self._timeline.report)
+        return self._tools
+
+    @property
+    def probed(self) -> Tools | None:
+        return self._tools
 
 
 @dataclass(frozen=True)
@@ -160,50 +217,80 @@ class Job:
 
     spec: ProjectSpec
     layout: Layout
-    tools: Tools
+    tc: Toolchain  # found, not yet proved: what keys need (torch and Python versions, the compiler's identity)
+    tools: LazyTools
     state: State
     timeline: Timeline
     ops: CustomOps | None
+    tuning: Tuning
+    shared: SharedCache | None
 
 
-def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, report: Progress) -> BuildOutput:
+def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, report: Progress, tuning: Tuning,
+           shared: SharedCache | None) -> BuildOutput:
     timeline = Timeline(report)
-    with timeline.stage("toolchain"):
-        tools = _tools(spec, use_cache, report)
+    tools = LazyTools(spec, use_cache, timeline)
+    tc = toolchain.detect()
     ops = None
     if spec.custom_op:
         with timeline.stage("ops"):
-            ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", tools.tc, tools.cuda, tools.launcher,
-                                     lambda msg: report("ops", msg))
-    job = Job(spec, layout, tools, State(layout.state_file, fresh=force), timeline, ops)
-    _keep_meson_dir_if_configured_for(job)
+            ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", tools().tc, tools().cuda,
+                                     tools().launcher, lambda msg: report("ops", msg))
+    job = Job(spec, layout, tc, tools, State(layout.state_file, fresh=force), timeline, ops, tuning, shared)
     # Inductor registers its oneDNN weight-packing passes once per process, as the first CPU freezing finds oneDNN
     # on or off (codegen.uses_onednn): CPU units go first, so that they decide it.
     generated = {(t.device, i): _generate(job, i, graph, t)
                  for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, graph in enumerate(spec.graph)}
     units = [generated[t.device, i] for t in spec.target for i in range(len(spec.graph))]
     job.state.forget_all_but("unit:", {f"unit:{kind}:{u.name}" for u in units for kind in ("trace", "codegen")})
-    with timeline.stage("prebuilt"):
-        shared = {t.device: prebuilt.ensure(tools.tc, t, [u for u in units if u.target is t], spec.flags, lambda msg: report("prebuilt", msg))
-                  for t in spec.target}
-    with timeline.stage("render"):
-        project = render.render_project(spec, layout.spec_path.name, tools.tc, tools.runtime_lib, tools.cuda, units, shared,
-                                         ops, layout.project)
-    with timeline.stage("compile"):
-        compiled = meson.build(layout.project, layout.meson, tools.tc, f"the package '{spec.project.name}'", tools.launcher,
-                               lambda msg: report("compile", msg))
-    packaged = _package(job, project, compiled)
+    version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
+    wheel_key = _wheel_key(job, units, version)
+    packaged = _shared_wheel(job, wheel_key) if shared else None
+    compiled = None
+    if packaged is None:
+        built = tools()
+        _keep_meson_dir_if_configured_for(job, built)
+        with timeline.stage("prebuilt"):
+            prebuilts = {t.device: prebuilt.ensure(built.tc, t, [u for u in units if u.target is t], spec.flags,
+                                                   lambda msg: report("prebuilt", msg)) for t in spec.target}
+        with timeline.stage("render"):
+            project = render.render_project(spec, version, layout.spec_path.name, built.tc, built.runtime_lib, built.cuda, units,
+                                             prebuilts, ops, layout.project)
+        with timeline.stage("compile"):
+            compiled = meson.build(layout.project, layout.meson, built.tc, f"the package '{spec.project.name}'", built.launcher,
+                                   lambda msg: report("compile", msg))
+        packaged = _package(job, project, compiled)
+        if shared:
+            shared.put("wheel", wheel_key, shared_cache.pack(packaged.wheel.parent, [packaged.wheel], packaged.wheel.name.encode()))
+            job.state.commit("wheel", Stamp(wheel_key))
+    _update_lockfile(job, units)
+    launcher = tools.probed.launcher if tools.probed else None
     return BuildOutput(spec.project.name, "+".join(render.target_id(t) for t in spec.target), packaged.wheel, packaged.site,
-                       [g.name for g in spec.graph], timeline.seconds, (compiled.units_done, compiled.units_total),
-                       sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5], timeline.skipped, tools.launcher,
-                       {u.name: u.code.kernel_choices for u in units if u.code.kernel_choices})
+                       [g.name for g in spec.graph], timeline.seconds, (compiled.units_done, compiled.units_total) if compiled else (0, 0),
+                       sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5] if compiled else [], timeline.skipped, launcher,
+                       {u.name: u.code.kernel_choices for u in units if u.code.kernel_choices},
+                       [matrix.BuildId(tc.python_version, tc.torch_version, _torch_cuda(spec) if t.device == "cuda" else None,
+                                       t).identifier for t in spec.target], _shared_summary(shared))
+
+
+def _shared_summary(shared: SharedCache | None) -> dict[str, Any] | None:
+    if shared is None:
+        return None
+    entries = [kind for kind in shared.hits if kind != "trace-reads"], sorted({kind for kind in shared.stored if kind != "trace-reads"})
+    return {"url": shared.backend.url, "found": entries[0], "stored": entries[1], "error": shared.error}
+
+
+def _torch_cuda(spec: ProjectSpec) -> str | None:
+    return torch_cuda_version() if any(t.device == "cuda" for t in spec.target) else None
 
 
 def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
     tc, verdicts = probe.select(lambda msg: report("toolchain", msg))
     for failed in verdicts[:-1]:
         report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
-    return Tools(tc, Path(verdicts[-1].runtime_lib), _cuda_toolchain(spec), toolchain.compiler_cache() if use_cache else None)
+    cuda = _cuda_toolchain(spec)
+    return Tools(tc, Path(verdicts[-1].runtime_lib), cuda, torch_cuda_version() if cuda else None,
+                 toolchain.compiler_cache() if use_cache else None)
 
 
 def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
@@ -222,43 +309,121 @@ def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
     return None
 
 
-def _keep_meson_dir_if_configured_for(job: Job) -> None:
+def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
     """A Meson build directory keeps the compiler it was configured with. Trace and codegen
     records stay: their keys hold the torch version, and their output ignores the compiler."""
-    if job.state.get(Stamp, "meson", job.tools.key) is None:
+    if job.state.get(Stamp, "meson", tools.key) is None:
         shutil.rmtree(job.layout.meson, ignore_errors=True)
         job.state.forget("package")
-        job.state.commit("meson", Stamp(job.tools.key))
+        job.state.commit("meson", Stamp(tools.key))
 
 
 def _generate(job: Job, index: int, graph: Graph, target: Target) -> Unit:
-    """One graph on one target traced and generated, or both taken from the last build when up to date."""
+    """One graph on one target traced and generated, or both taken from the last build (or the shared cache) when up to date."""
     spec, layout, state, timeline = job.spec, job.layout, job.state, job.timeline
     name, where = unit_name(graph, target), f"graph[{index}]"
-    key = trace.trace_key(graph, target, job.tools.tc, layout.spec_dir, job.ops.key if job.ops else None)
+    key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
     traced = state.get(TraceResult, f"unit:trace:{name}")
     if traced is not None and trace.still_valid(traced, key):
         timeline.skipped.append(f"trace:{name}")
+    elif (traced := _shared_trace(job, key)) is not None:
+        timeline.skipped.append(f"trace:{name} (shared cache)")
+        state.commit(f"unit:trace:{name}", traced)
     else:
         _require_gpu(spec, target)
         with timeline.stage("trace", name):
             traced = trace.trace(graph, where, layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2", key, job.ops)
         state.commit(f"unit:trace:{name}", traced)
-    key = codegen.codegen_key(traced, target, spec.flags)
+        _store_trace(job, traced)
+    section = lockfile.section(name, job.tc.torch_version)
+    locked = {} if job.tuning.retune else job.tuning.locked.get(section, {})
+    key = codegen.codegen_key(traced, target, spec.flags, locked)
     generated = state.get(CodegenResult, f"unit:codegen:{name}", key)
     if generated is not None:
         timeline.skipped.append(f"codegen:{name}")
         return Unit(graph, target, generated)
+    codegen_dir = {"ROOT": layout.root / "codegen" / name}
+    if job.shared and not job.tuning.retune:
+        generated = shared_cache.fetch(job.shared, "codegen", key, CodegenResult, codegen_dir)
+        if generated is not None:
+            timeline.skipped.append(f"codegen:{name} (shared cache)")
+            state.commit(f"unit:codegen:{name}", generated)
+            return Unit(graph, target, generated)
     _require_gpu(spec, target)
+    cxx = job.tools().tc.cxx
     with timeline.stage("codegen", name):
         try:
-            generated = codegen.generate(traced, target, spec.flags, job.tools.tc.cxx, layout.root / "codegen" / name, key, job.ops)
+            generated = codegen.generate(traced, target, spec.flags, cxx, codegen_dir["ROOT"], key, job.ops,
+                                         locked, job.tuning.retune)
         except SpecError:
             raise
         except UserError as exc:
             raise SpecError("", where, str(exc)) from None
+    # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
+    generated = dataclasses.replace(generated, key=codegen.codegen_key(traced, target, spec.flags, generated.autotune_timings))
     state.commit(f"unit:codegen:{name}", generated)
+    if job.shared:
+        for shared_key in {key, generated.key}:  # found by a machine with this lockfile and by one with the next
+            shared_cache.store(job.shared, "codegen", shared_key, generated, codegen_dir)
     return Unit(graph, target, generated)
+
+
+def _shared_trace(job: Job, key: str) -> TraceResult | None:
+    """A trace the shared cache holds for `key` and for the present content of the files that trace read."""
+    index = job.shared.get("trace-reads", key) if job.shared else None
+    if job.shared is None or index is None:
+        return None
+    spec_dir = job.layout.spec_dir
+    reads = [(rel, file_hash(spec_dir / rel)) for rel in json.loads(index)]
+    traced = shared_cache.fetch(job.shared, "trace", stage_key(key, reads), TraceResult, {"ROOT": job.layout.root / "trace", "SPEC": spec_dir})
+    return traced if traced is not None and trace.still_valid(traced, key) else None
+
+
+def _store_trace(job: Job, traced: TraceResult) -> None:
+    spec_dir = job.layout.spec_dir
+    if job.shared is None or not all(Path(path).is_relative_to(spec_dir) for path, _ in traced.reads):
+        return
+    reads = [(str(Path(path).relative_to(spec_dir)), digest) for path, digest in traced.reads]
+    job.shared.put("trace-reads", traced.key, json.dumps([rel for rel, _ in reads]).encode())
+    shared_cache.store(job.shared, "trace", stage_key(traced.key, reads), traced, {"ROOT": job.layout.root / "trace", "SPEC": spec_dir})
+
+
+def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
+    """What the wheel is made of, with no path of this machine: the shared cache's key for it."""
+    spec, tc = job.spec, job.tc
+    ops = [(p.name, file_hash(p)) for p in job.ops.libraries] if job.ops else []
+    return stage_key(version, [u.code.key for u in units], ops, [op.module for op in spec.custom_op], spec.project, spec.flags, spec.runtime,
+                     tc.cxx_identity, tc.python_version, tc.torch_version, render.templates_hash(),
+                     [source_hash(m) for m in (render, package, meson, prebuilt, probe, proxy_executor)])
+
+
+def _shared_wheel(job: Job, key: str) -> PackageResult | None:
+    """The package this build would make, as the last build left it or as the shared cache holds it."""
+    assert job.shared is not None
+    layout = job.layout
+    recorded = job.state.get(PackageResult, "package")
+    if recorded is not None and job.state.get(Stamp, "wheel", key) is not None:
+        job.timeline.skipped.append("package")
+        return recorded
+    data = job.shared.get("wheel", key)
+    if data is None:
+        return None
+    with job.timeline.stage("package", "wheel from the shared cache"):
+        with tempfile.TemporaryDirectory(prefix=".shimgen-shared-", dir=layout.root) as tmp:
+            name = shared_cache.unpack(data, Path(tmp)).decode()
+            packaged = package.install(Path(tmp) / name, layout.dist, layout.site, job.spec.project.name, job.tc, key, _module_dirs(job))
+    job.state.commit("package", packaged)
+    job.state.commit("wheel", Stamp(key))
+    return packaged
+
+
+def _update_lockfile(job: Job, units: list[Unit]) -> None:
+    torch = job.tc.torch_version
+    written = {lockfile.section(u.name, torch): (u.code.autotune_timings, u.code.kernel_choices) for u in units}
+    keep = {lockfile.section(unit, version) for unit in job.tuning.all_units
+            for version in {torch, *(s.rpartition(" torch")[2] for s in job.tuning.locked)}}
+    if lockfile.update(job.layout.lock_path, written, keep - set(written)):
+        job.timeline.report("lockfile", f"wrote the kernel choices measured to {job.layout.lock_path}")
 
 
 def _require_gpu(spec: ProjectSpec, target: Target) -> None:
@@ -275,10 +440,14 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult) -> Pac
     if packaged is not None:
         job.timeline.skipped.append("package")
         return packaged
-    layout, tools = job.layout, job.tools
+    layout, tools = job.layout, job.tools()
     with job.timeline.stage("package"):
-        module_dirs = (layout.spec_dir,) if any(op.module for op in job.spec.custom_op) else ()
         packaged = package.build_and_unpack(layout.project, layout.meson, layout.dist, layout.site, job.spec.project.name, tools.tc,
-                                            tools.launcher, key, module_dirs)
+                                            tools.launcher, key, _module_dirs(job))
     job.state.commit("package", packaged)
     return packaged
+
+
+def _module_dirs(job: Job) -> tuple[Path, ...]:
+    """Where the package's import check finds the Python modules of custom ops."""
+    return (job.layout.spec_dir,) if any(op.module for op in job.spec.custom_op) else ()

@@ -26,7 +26,7 @@ def ensure(tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiti
         raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
     interface = interfaces.pop()
     compile_args = units[0].code.compile_args
-    templates = sorted((render.TEMPLATES / "prebuilt").iterdir())
+    templates = [*sorted((render.TEMPLATES / "prebuilt").iterdir()), render.TEMPLATES / render.TORCH_DEPENDENCY]
     key = hashlib.sha256(json.dumps([tc.key, target.device, compile_args, flags.wrapper_opt, flags.kernel_opt, flags.pch,
                                      [p.read_text() for p in templates]]).encode() + interface).hexdigest()[:16]
     root = cache_dir().parent / "prebuilt" / key

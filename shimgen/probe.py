@@ -67,9 +67,9 @@ def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[
 
 
 def probe_key(tc: Toolchain) -> str:
-    """The toolchain's key and the probe's own sources: a new shimgen proves its toolchain again."""
+    """The toolchain's key and the probe's own sources and Meson files: a new shimgen proves its toolchain again."""
     return stage_key(tc.key, [(name, file_hash(render.TEMPLATES / name)) for name in render.PROBE_FILES],
-                     file_hash(render.TEMPLATES / "probe" / "meson.build.j2"))[:16]
+                     file_hash(render.TEMPLATES / "probe" / "meson.build.j2"), file_hash(render.TEMPLATES / render.TORCH_DEPENDENCY))[:16]
 
 
 def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdict, bool]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +19,19 @@ from .files import write_if_changed
 from .results import OBJECT, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit
 from .spec import Flags, Graph, ProjectSpec, Target
 from .spec.model import SCALAR_TYPES
-from .toolchain import Toolchain
+from .toolchain import Toolchain, cache_dir
 from .toolchain.cuda import CudaToolchain
 
 TEMPLATES = Path(__file__).parent / "templates"
+TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meson project shimgen writes
 PROBE_FILES = ("probe/probe.cpp", "probe/check_probe.py", "probe/shimgen_runtime.cpp", "project/shimgen_runtime.h")
+# What __init__.py is rendered from, shipped beside it as BUILD_MANIFEST for `shimgen merge`.
+INIT_CONTEXT = ("name", "version", "description", "spec_file", "target_ids", "torch_version", "targets", "units", "graphs", "op_libraries",
+                "op_modules", "docstrings")
+BUILD_MANIFEST = "_shimgen_build.json"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
+# A Python object's repr in Inductor's messages (`<function fn at 0x7f3a...>`): its address changes from run to run.
+_ADDRESS = re.compile(rb" at 0x[0-9a-f]+>")
 
 
 def _env() -> jinja2.Environment:
@@ -41,7 +49,7 @@ def _env() -> jinja2.Environment:
 
 def render_probe(tc: Toolchain, out: Path) -> None:
     env = _env()
-    write_if_changed(out / "meson.build", env.get_template("probe/meson.build.j2").render(tc=tc))
+    write_if_changed(out / "meson.build", env.get_template("probe/meson.build.j2").render(tc=tc, path_maps=path_maps(tc)))
     for name in PROBE_FILES:
         write_if_changed(out / Path(name).name, (TEMPLATES / name).read_bytes())
 
@@ -49,7 +57,7 @@ def render_probe(tc: Toolchain, out: Path) -> None:
 def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, out: Path) -> None:
     env = _env()
     context = {"tc": tc, "inductor_args": compile_args, "wrapper_opt": OPT[flags.wrapper_opt], "kernel_opt": OPT[flags.kernel_opt],
-               "pch": flags.pch}
+               "pch": flags.pch, "path_maps": path_maps(tc)}
     write_if_changed(out / "meson.build", env.get_template("prebuilt/meson.build.j2").render(context))
     write_if_changed(out / "aoti_interface.cpp", interface)
     write_if_changed(out / "empty.cpp", "")
@@ -65,28 +73,30 @@ def render_ops(spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolc
         if entry_sources:
             libraries.append({"entry": i, "name": f"{spec.project.name}_ops{i}", "cxx": [str(s) for s in entry_sources if s.suffix != ".cu"],
                               "cuda": [str(s) for s in entry_sources if s.suffix == ".cu"]})
+    maps = path_maps(tc, tuple(sorted({s.parent for entry_sources in sources for s in entry_sources})))
     nvcc_args: list[str] = []
     uses_cuda = any(lib["cuda"] for lib in libraries)
     if cuda and uses_cuda:
         archs = next(t.archs for t in spec.target if t.device == "cuda")
         nvcc_args = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-ccbin", tc.cxx, "-Xcompiler", "-fPIC",
                      "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-                     "-D__CUDA_NO_HALF2_OPERATORS__", *[a for d in tc.torch_includes for a in ("-isystem", d)]]
+                     "-D__CUDA_NO_HALF2_OPERATORS__", *[a for d in tc.torch_includes for a in ("-isystem", d)],
+                     *[a for m in maps if "," not in m for a in ("-Xcompiler", m)]]  # nvcc splits -Xcompiler at commas
         for arch in archs:
             number = arch[3:]
             nvcc_args.append(f"-gencode=arch=compute_{number},code={arch}")
         nvcc_args.append(f"-gencode=arch=compute_{archs[-1][3:]},code=compute_{archs[-1][3:]}")  # PTX for newer GPUs
     context = {"name": spec.project.name, "spec_file": spec_file, "tc": tc, "cuda": cuda if uses_cuda else None,
-               "nvcc_args": nvcc_args, "libraries": libraries}
+               "nvcc_args": nvcc_args, "libraries": libraries, "path_maps": maps}
     write_if_changed(out / "meson.build", _env().get_template("ops/meson.build.j2").render(context))
     return {lib["entry"]: lib["name"] for lib in libraries}
 
 
 def render_project(
-    spec: ProjectSpec, spec_file: str, tc: Toolchain, runtime_lib: Path, cuda: CudaToolchain | None, units: list[Unit],
+    spec: ProjectSpec, version: str, spec_file: str, tc: Toolchain, runtime_lib: Path, cuda: CudaToolchain | None, units: list[Unit],
     prebuilt: dict[str, Prebuilt], ops: CustomOps | None, out: Path,
 ) -> RenderedProject:
-    """Write the generated Meson project into `out`."""
+    """Write the generated Meson project into `out`; the package's `version` holds its local label."""
     env = _env()
     name = spec.project.name
     files: dict[Path, str | bytes] = {}
@@ -97,7 +107,7 @@ def render_project(
         src = out / "src" / u.name
         code = u.code
         for path in (code.model, code.weights, *code.kernels, *code.ptx):
-            files[src / path.name] = path.read_bytes()
+            files[src / path.name] = _ADDRESS.sub(b">", path.read_bytes()) if path.suffix == ".cpp" else path.read_bytes()
         for path in code.triton:
             files[src / "triton" / path.name] = path.read_bytes()
         cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
@@ -126,11 +136,12 @@ def render_project(
         })
     context = {
         "name": name,
-        "version": spec.project.version,
+        "version": version,
         "description": spec.project.description,
         "spec_file": spec_file,
         "target_ids": target_ids,
         "tc": tc,
+        "path_maps": path_maps(tc),
         "runtime_lib": str(runtime_lib),
         "cuda": cuda,
         "torch_version": tc.torch_version,
@@ -147,7 +158,11 @@ def render_project(
     }
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
-    files[out / name / "__init__.py"] = env.get_template("project/__init__.py.j2").render(context)
+    # Devices and names only: the manifest holds no path of the build machine.
+    package = {**{k: context[k] for k in INIT_CONTEXT}, "targets": [{"device": t["device"]} for t in targets],
+               "units": [{k: u[k] for k in ("name", "graph", "device")} for u in unit_context]}
+    files[out / name / "__init__.py"] = render_init(package)
+    files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"
     runtime = ["shimgen_runtime.h"] + (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
     for runtime_file in runtime:
         files[out / "src" / runtime_file] = (TEMPLATES / "project" / runtime_file).read_text()
@@ -159,6 +174,21 @@ def render_project(
         content = files[path]
         digest.update(f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content))
     return RenderedProject(digest.hexdigest(), out, tuple(sorted(files)))
+
+
+def path_maps(tc: Toolchain, source_dirs: tuple[Path, ...] = ()) -> list[str]:
+    """Compiler arguments that give fixed names to the directories outside a build directory that compiled code may
+    record in __FILE__ or debug information: the headers of torch and Python (their last two components), shimgen's
+    per-user cache (precompiled headers, prebuilt libraries) and `source_dirs` (their own names)."""
+    names = {d: "/".join(Path(d).parts[-2:]) for d in tc.torch_includes}
+    names[str(cache_dir().parent)] = "shimgen-cache"
+    names.update({str(d): d.name for d in source_dirs})
+    return [f"-ffile-prefix-map={d}={name}" for d, name in names.items()]
+
+
+def render_init(package: dict[str, Any]) -> str:
+    """The package's __init__.py from its manifest (BUILD_MANIFEST), which `shimgen merge` combines."""
+    return _env().get_template("project/__init__.py.j2").render(package)
 
 
 def _op_modules(spec: ProjectSpec, units: list[Unit]) -> list[dict[str, str]]:
@@ -298,6 +328,14 @@ def _remove_stale(out: Path, keep: set[Path]) -> None:
             path.unlink()
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()
+
+
+def templates_hash() -> str:
+    """Every template's name and content: what the generated project is made from besides the build's inputs."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in TEMPLATES.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(f"{path.relative_to(TEMPLATES)}\0".encode() + path.read_bytes())
+    return digest.hexdigest()
 
 
 def target_id(target: Target) -> str:

@@ -110,6 +110,7 @@ class CodegenResult:
     kernel_choices: tuple[KernelChoice, ...] = ()
     extern_nodes: Path | None = None  # Inductor's description of the ops it leaves to run time (its <hash>.wrapper.json)
     run_time_modules: tuple[str, ...] = ()  # Python modules the package imports first: they define ops the graph calls
+    autotune_timings: dict[str, Any] = field(default_factory=dict)  # the timing records its kernel choices used (lockfile.Timings)
 
     @property
     def files(self) -> tuple[Path, ...]:

@@ -29,7 +29,7 @@ def trace_key(graph: Graph, target: Target, tc: Toolchain, spec_dir: Path, ops_k
     """What a trace depends on besides the files it reads: the graph's spec, the files its `depends`
     globs match, the device, torch, the custom ops' schemas and fakes, and shimgen's tracing code."""
     declared = sorted({p for pattern in graph.depends for p in spec_dir.glob(pattern) if p.is_file()})
-    return stage_key(build_fields(graph), [(str(p), file_hash(p)) for p in declared], target.device, tc.torch_version, ops_key,
+    return stage_key(build_fields(graph), [(str(p.relative_to(spec_dir)), file_hash(p)) for p in declared], target.device, tc.torch_version, ops_key,
                      source_hash(sys.modules[__name__]), source_hash(dims), source_hash(entry))
 
 

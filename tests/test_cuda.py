@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import venv
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,32 @@ def test_host_tma_descriptors_are_refused_naming_the_kernel(tmp_path: Path) -> N
     assert "Triton kernel tma_scale_kernel: its arguments in_desc, out_desc hold tensors the graph cannot see" in result.stderr
     assert not (tmp_path / "out" / "dist").exists()
     print(result.stderr.strip().splitlines()[-1])
+
+
+def test_per_target_wheels_merge_into_the_multi_target_package(built_gpu: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
+    """A matrix's jobs build gpu.toml's cpu and cuda identifiers apart (--only); `shimgen merge` joins their wheels
+    into one package with both targets, whose callables dispatch on the input's device like the full build's."""
+    spec = workdir / "projects" / "gpu.toml"
+    ids = shimgen("matrix", spec).stdout.split()
+    assert len(ids) == 2 and ids[0].endswith("-cpu-native") and "-cu" in ids[1]
+    wheels = []
+    for identifier in ids:
+        built = shimgen("build", spec, "--out", tmp_path, "--only", identifier, "--json")
+        assert built.returncode == 0, built.stderr
+        wheels.append(json.loads(built.stdout)["wheel"])
+    assert len(set(wheels)) == 2
+    merged = shimgen("merge", *wheels, "--out", tmp_path / "merged")
+    assert merged.returncode == 0, merged.stderr
+    wheel = Path(merged.stdout.strip())
+    assert wheel.name == Path(built_gpu["wheel"]).name  # the full build's name: same version label, same tags
+    site = tmp_path / "site"
+    shutil.unpack_archive(wheel, site, "zip")
+    call = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import gpu; "
+            "torch.save(gpu.mlp(torch.load(sys.argv[2]).to(sys.argv[3])).cpu(), sys.argv[4])")
+    for device in ("cpu", "cuda"):
+        model, (x,) = eager(spec, 0, device, {"batch": 7})
+        torch.save(x.cpu(), tmp_path / "x.pt")
+        run = subprocess.run([sys.executable, "-c", call, str(site), str(tmp_path / "x.pt"), device, str(tmp_path / "y.pt")],
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x).cpu(), rtol=1e-4, atol=1e-4)

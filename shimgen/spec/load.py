@@ -6,6 +6,7 @@ import dataclasses
 import difflib
 import keyword
 import math
+import re
 import sys
 import types
 import typing
@@ -204,6 +205,7 @@ def validate(spec: ProjectSpec) -> None:
     if not 1 <= spec.runtime.instances <= INSTANCES_LIMIT:
         raise SpecError("", "runtime.instances", f"instances must be from 1 to {INSTANCES_LIMIT}, got {spec.runtime.instances}")
     _validate_custom_ops(spec)
+    _validate_matrix(spec)
 
 
 def _validate_project(spec: ProjectSpec) -> None:
@@ -214,9 +216,12 @@ def _validate_project(spec: ProjectSpec) -> None:
         raise SpecError("", "project.name", f"'{project.name}' would shadow a package the generated one needs")
     _length(project.version, "project.version", VERSION_LIMIT)
     try:
-        Version(project.version)
+        version = Version(project.version)
     except InvalidVersion:
         raise SpecError("", "project.version", f"'{project.version}' is not a PEP 440 version such as '1.0', '0.2.1' or '1.0rc1'") from None
+    if version.local is not None:
+        raise SpecError("", "project.version", f"'{project.version}' has a local label (+{version.local}); shimgen labels each wheel "
+                        "with its torch and targets itself (+torch2.13.0.cpu.native)")
     if not project.description.isprintable():
         bad = next(c for c in project.description if not c.isprintable())
         what = "a line break" if f"a{bad}b".splitlines() != [f"a{bad}b"] else f"the control character {bad!r}"
@@ -440,6 +445,30 @@ def _validate_custom_ops(spec: ProjectSpec) -> None:
             if op.module in modules:
                 raise SpecError("", f"{where}.module", f"module '{op.module}' is listed twice")
             modules.add(op.module)
+
+
+def _validate_matrix(spec: ProjectSpec) -> None:
+    from ..toolchain import supported_torch
+
+    supported = supported_torch()
+    for k, version in enumerate(spec.matrix.torch):
+        where = f"matrix.torch[{k}]"
+        if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+            raise SpecError("", where, f"'{version}' is not a torch release such as '2.13.0'")
+        if version not in supported:
+            raise SpecError("", where, f"torch {version} is outside the range this shimgen supports ({supported})")
+    for k, version in enumerate(spec.matrix.python):
+        if not re.fullmatch(r"3\.\d+", version):
+            raise SpecError("", f"matrix.python[{k}]", f"'{version}' is not a Python version such as '3.11'")
+    for k, version in enumerate(spec.matrix.cuda):
+        if not re.fullmatch(r"\d+\.\d+", version):
+            raise SpecError("", f"matrix.cuda[{k}]", f"'{version}' is not a CUDA version such as '13.0'")
+    if spec.matrix.cuda and not any(t.device == "cuda" for t in spec.target):
+        raise SpecError("", "matrix.cuda", "applies to a cuda target; the spec has none")
+    for name, values in (("torch", spec.matrix.torch), ("python", spec.matrix.python), ("cuda", spec.matrix.cuda)):
+        twice = next((v for i, v in enumerate(values) if values.index(v) != i), None)
+        if twice is not None:
+            raise SpecError("", f"matrix.{name}", f"'{twice}' is listed twice")
 
 
 def arch_number(arch: str) -> int:

@@ -218,6 +218,23 @@ class CustomOp:
 
 
 @dataclass
+class Matrix:
+    """[matrix]: the builds `shimgen matrix` lists for CI, one job each: every target x torch x Python (x CUDA for cuda targets)."""
+
+    torch: list[str] = doc(
+        "torch versions to build for, such as '2.13.0', each within the range shimgen supports. A package is compiled "
+        "against one exact torch. Default: the torch shimgen runs with.",
+        default_factory=list,
+    )
+    python: list[str] = doc("Python versions such as '3.11'. Default: the Python shimgen runs with.", default_factory=list)
+    cuda: list[str] = doc(
+        "CUDA versions of the torch builds for the cuda target, such as '13.0'. Default: the CUDA of the torch shimgen "
+        "runs with; required where that torch is a CPU build.",
+        default_factory=list,
+    )
+
+
+@dataclass
 class ProjectSpec:
     """A shimgen spec file."""
 
@@ -227,3 +244,4 @@ class ProjectSpec:
     flags: Flags = doc("Compile options.", default_factory=Flags)
     runtime: Runtime = doc("Behaviour of the generated package.", default_factory=Runtime)
     custom_op: list[CustomOp] = doc("Custom ops the graphs call: C++/CUDA sources or a Python module.", default_factory=list)
+    matrix: Matrix = doc("The CI build matrix: torch, Python and CUDA versions.", default_factory=Matrix)

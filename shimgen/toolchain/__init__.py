@@ -15,6 +15,9 @@ import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+
 from ..errors import UserError
 from ..process import run
 
@@ -42,7 +45,28 @@ class Toolchain:
         and the Meson and ninja this toolchain found, handed over explicitly since meson-python and
         Meson otherwise look them up on PATH, where an un-activated venv's are not."""
         cxx = f"{launcher} {self.cxx}" if launcher else self.cxx
-        return {**os.environ, "CXX": cxx, "MESON": self.meson, "NINJA": self.ninja}
+        env = {**os.environ, "CXX": cxx, "MESON": self.meson, "NINJA": self.ninja}
+        if launcher and Path(launcher).name == "ccache":
+            # Without these ccache compiles every translation unit that force-includes a precompiled header itself,
+            # uncached: nearly all of a generated project's.
+            sloppiness = {s for s in env.get("CCACHE_SLOPPINESS", "").split(",") if s}
+            env["CCACHE_SLOPPINESS"] = ",".join(sorted(sloppiness | {"pch_defines", "time_macros", "include_file_mtime", "include_file_ctime"}))
+        return env
+
+
+def supported_torch() -> SpecifierSet:
+    """The torch versions this shimgen supports: its `torch` extra in pyproject.toml."""
+    for requirement in map(Requirement, importlib.metadata.requires("shimgen") or ()):
+        if requirement.name == "torch":
+            return requirement.specifier
+    raise UserError("shimgen's own metadata states no supported torch range; reinstall shimgen")
+
+
+def check_torch_supported(version: str) -> None:
+    supported = supported_torch()
+    if version not in supported:
+        raise UserError(f"torch {version} is installed; this shimgen supports torch{supported} (pyproject.toml): install one of those "
+                        "or a shimgen release for this torch")
 
 
 def compiler_cache() -> str | None:
@@ -57,6 +81,7 @@ def detect(cxx: str | None = None) -> Toolchain:
         raise UserError("torch is not installed in this Python; install torch first (pip install torch==<version>)")
     torch_dir = Path(spec.submodule_search_locations[0])
     torch_version = importlib.metadata.version("torch").split("+")[0]
+    check_torch_supported(torch_version)
     include = torch_dir / "include"
     variable_header = include / "torch/csrc/autograd/python_variable.h"
     interface_header = include / "torch/csrc/inductor/aoti_runtime/interface.h"

@@ -1,0 +1,100 @@
+"""Reproducible builds: one spec built twice at once, into different output directories by different users (their own
+HOME, so their own shimgen and compiler caches, and their own Inductor cache), gives byte-identical wheels with sorted
+members, SOURCE_DATE_EPOCH's timestamps, and no path of the build machine inside. Kernel choices by timing are the
+lockfile's concern, so the spec's GEMMs are not autotuned here."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import COMMAND, REPO
+
+pytestmark = pytest.mark.slow
+
+# What would share a cache between the two builds, or give them the same HOME.
+_PER_USER = ("HOME", "XDG_CACHE_HOME", "SHIMGEN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CCACHE_DIR", "SCCACHE_DIR")
+
+
+def _spec_without_autotuning(workdir: Path, tmp_path: Path) -> Path:
+    text = (workdir / "projects" / "mlp.toml").read_text()
+    text = text.replace("[flags]\n", "[flags]\ngemm_autotune = false\n") if "[flags]\n" in text else text + "\n[flags]\ngemm_autotune = false\n"
+    spec = tmp_path / "spec" / "mlp.toml"
+    spec.parent.mkdir()
+    spec.write_text(text)
+    (spec.parent / "models").symlink_to(workdir / "projects" / "models")
+    return spec
+
+
+def _build_as(user: Path, spec: Path, out: Path) -> subprocess.Popen[str]:
+    user.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in _PER_USER}
+    env.update(HOME=str(user), TORCHINDUCTOR_CACHE_DIR=str(user / "inductor"))
+    return subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(out)], cwd=REPO, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _finish(procs: list[subprocess.Popen[str]]) -> None:
+    try:
+        # communicate, not wait: a build whose output fills the pipe would otherwise never end.
+        outputs = [p.communicate(timeout=900) for p in procs]
+    finally:
+        for p in procs:  # a build still running after a timeout is stopped, its ninja and compilers with it
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err
+
+
+def _members(wheel: Path) -> dict[str, tuple[zipfile.ZipInfo, bytes]]:
+    with zipfile.ZipFile(wheel) as zf:
+        return {info.filename: (info, zf.read(info)) for info in zf.infolist()}
+
+
+def _differences(a: Path, b: Path) -> list[str]:
+    """What tells two wheels apart, member by member."""
+    ma, mb = _members(a), _members(b)
+    found = [] if list(ma) == list(mb) else [f"member order: {list(ma)} vs {list(mb)}"]
+    for name in sorted(set(ma) | set(mb)):
+        if name not in ma or name not in mb:
+            found.append(f"{name}: only in {'the first' if name in ma else 'the second'}")
+            continue
+        (ia, da), (ib, db) = ma[name], mb[name]
+        if da != db:
+            first = next((i for i, (x, y) in enumerate(zip(da, db, strict=False)) if x != y), min(len(da), len(db)))
+            found.append(f"{name}: contents differ from byte {first} ({len(da)} vs {len(db)} bytes)")
+        entries = [(i.date_time, oct(i.external_attr >> 16), i.compress_type) for i in (ia, ib)]
+        if entries[0] != entries[1]:
+            found.append(f"{name}: zip entry (time, mode, compression) {entries[0]} vs {entries[1]}")
+    return found
+
+
+def test_same_wheel_from_any_output_directory_and_user(workdir: Path, tmp_path: Path) -> None:
+    spec = _spec_without_autotuning(workdir, tmp_path)
+    outs = [tmp_path / "a", tmp_path / "elsewhere" / "deeper" / "b"]
+    _finish([_build_as(tmp_path / "users" / user, spec, out) for user, out in zip(("ann", "bob"), outs, strict=True)])
+    wheels = [next((out / "dist").glob("*.whl")) for out in outs]
+    assert wheels[0].name == wheels[1].name
+
+    digests = [hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels]
+    assert digests[0] == digests[1], "the wheels differ:\n" + "\n".join(_differences(*wheels))
+
+    members = _members(wheels[0])
+    names = list(members)
+    dist_info = [n for n in names if n.split("/")[0].endswith(".dist-info")]
+    assert names == sorted(set(names) - set(dist_info)) + sorted(set(dist_info) - {dist_info[-1]}) + [dist_info[-1]]
+    assert names[-1].endswith(".dist-info/RECORD") and not any(n.endswith(".pyc") for n in names)
+    epoch = int(os.environ.get("SOURCE_DATE_EPOCH") or 315532800)
+    assert {info.date_time for info, _ in members.values()} == {time.gmtime(max(epoch, 315532800))[:6]}
+    import torch
+
+    build_paths = [str(tmp_path), str(REPO), str(Path(torch.__file__).parent)]
+    leaks = [f"{name}: {path}" for name, (_, data) in members.items() for path in build_paths if path.encode() in data]
+    assert not leaks, leaks
