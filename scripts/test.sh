@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
-# Sets everything up, lints, then runs the test suite against the installed shimgen.
+# Sets everything up, lints, then runs the test suite against the installed shimgen: all of it with torch 2.13.0
+# (.venv), then, in a venv of its own, the fast tests and one build end to end with torch 2.14.1, the other end of
+# the supported range this machine can install. Arguments go to the first run's pytest and skip the second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 bash scripts/system_packages.sh
+second="${SECOND_TORCH:-2.14.1}"
+[ $# -eq 0 ] || second=none
+if [ "$second" != none ]; then  # installing it is mostly unpacking: done meanwhile
+  VENV=".venv-torch$second" TORCH_VERSION="$second" bash scripts/setup.sh > "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log" 2>&1 &
+  second_setup=$!
+fi
+bash scripts/setup.sh
 # Lint first (configuration in pyproject.toml): any finding fails the run before the slow tests start.
 .venv/bin/ruff check .
-cd tests
-exec ../.venv/bin/python -m pytest -q -ra --durations=15 "$@"
+# Two workers on the machine's two cores; a test file stays on one worker, with its module's fixtures.
+workers=(-n "${TEST_WORKERS:-2}" --dist loadfile)
+(cd tests && ../.venv/bin/python -m pytest -q -ra --durations=15 "${workers[@]}" "$@")
+if [ "$second" != none ]; then
+  wait "$second_setup" || { cat "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"; exit 1; }
+  tail -1 "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"
+  (cd tests && "../.venv-torch$second/bin/python" -m pytest -q -ra --durations=5 "${workers[@]}" \
+    -m "not slow" test_report.py test_matrix.py test_spec_errors.py test_units.py test_schema.py test_escaping.py)
+fi

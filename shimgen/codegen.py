@@ -269,6 +269,8 @@ def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
     """(interface, model, kernel files): the kernels dealt into at most `parts` files of similar size."""
     # Drop Inductor's trailing "// g++ ..." notes: they hold build-machine temp paths.
     text = re.sub(r"\n// (Compile cmd|Link cmd|\S*(g\+\+|c\+\+|clang\+\+) )[^\n]*", "", text).rstrip() + "\n"
+    # Inductor's messages hold Python reprs with the object's address (`<function fn at 0x7f...>`), new in every process.
+    text = re.sub(r" at 0x[0-9a-f]+>", ">", text)
     end = text.find(INTERFACE_END)
     if end < 0:
         raise UserError("Inductor's wrapper has no runtime interface block; this torch version is not supported")

@@ -393,7 +393,7 @@ def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
     spec, tc = job.spec, job.tc
     ops = [(p.name, file_hash(p)) for p in job.ops.libraries] if job.ops else []
     return stage_key(version, [u.code.key for u in units], ops, [op.module for op in spec.custom_op], spec.project, spec.flags, spec.runtime,
-                     tc.cxx_identity, tc.python_version, tc.torch_version, render.templates_hash(),
+                     tc.cxx_identity, tc.python_version, tc.torch_version, meson.source_date_epoch(), render.templates_hash(),
                      [source_hash(m) for m in (render, package, meson, prebuilt, probe, proxy_executor)])
 
 
@@ -435,7 +435,7 @@ def _require_gpu(spec: ProjectSpec, target: Target) -> None:
 
 
 def _package(job: Job, project: RenderedProject, compiled: CompileResult) -> PackageResult:
-    key = stage_key(project.key, [(p.name, file_hash(p)) for p in compiled.extensions])
+    key = stage_key(project.key, [(p.name, file_hash(p)) for p in compiled.extensions], meson.source_date_epoch())
     packaged = job.state.get(PackageResult, "package", key)
     if packaged is not None:
         job.timeline.skipped.append("package")

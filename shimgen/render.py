@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,6 @@ INIT_CONTEXT = ("name", "version", "description", "spec_file", "target_ids", "to
                 "op_modules", "docstrings")
 BUILD_MANIFEST = "_shimgen_build.json"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
-# A Python object's repr in Inductor's messages (`<function fn at 0x7f3a...>`): its address changes from run to run.
-_ADDRESS = re.compile(rb" at 0x[0-9a-f]+>")
 
 
 def _env() -> jinja2.Environment:
@@ -107,7 +104,7 @@ def render_project(
         src = out / "src" / u.name
         code = u.code
         for path in (code.model, code.weights, *code.kernels, *code.ptx):
-            files[src / path.name] = _ADDRESS.sub(b">", path.read_bytes()) if path.suffix == ".cpp" else path.read_bytes()
+            files[src / path.name] = path.read_bytes()
         for path in code.triton:
             files[src / "triton" / path.name] = path.read_bytes()
         cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"

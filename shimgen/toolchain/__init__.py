@@ -12,6 +12,11 @@ import os
 import shutil
 import sys
 import sysconfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -55,8 +60,13 @@ class Toolchain:
 
 
 def supported_torch() -> SpecifierSet:
-    """The torch versions this shimgen supports: its `torch` extra in pyproject.toml."""
-    for requirement in map(Requirement, importlib.metadata.requires("shimgen") or ()):
+    """The torch versions this shimgen supports: its `torch` extra in pyproject.toml (installed, or of the source tree)."""
+    source = Path(__file__).parents[2] / "pyproject.toml"
+    if source.is_file():
+        requirements = tomllib.loads(source.read_text())["project"]["optional-dependencies"]["torch"]
+    else:
+        requirements = importlib.metadata.requires("shimgen") or []
+    for requirement in map(Requirement, requirements):
         if requirement.name == "torch":
             return requirement.specifier
     raise UserError("shimgen's own metadata states no supported torch range; reinstall shimgen")
