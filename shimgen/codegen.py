@@ -134,7 +134,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
             per_device = _cuda_codegen(Path(tmp)) if target.device == "cuda" else _parallel_only_with_enough_work()
-            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags)), _quiet_autotuning(), per_device, \
+            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags), allow_tf32=None), _quiet_autotuning(), per_device, \
                     kernel_choice.recorded(target.device, locked, retune) as recording:
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)

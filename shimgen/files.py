@@ -9,11 +9,12 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import IO, Any
 
 
 def stage_key(*parts: Any) -> str:
@@ -67,9 +68,7 @@ def exclusive(lock_file: Path, waiting: Callable[[str], None] | None = None) -> 
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if waiting is not None:
-                handle.seek(0)
-                holder = handle.read().strip() or "another process"
-                waiting(f"waiting for {holder} (lock {lock_file})")
+                waiting(f"waiting for {_holder(handle)} (lock {lock_file})")
             fcntl.flock(handle, fcntl.LOCK_EX)
         handle.truncate(0)
         handle.write(f"shimgen process {os.getpid()}")
@@ -79,3 +78,14 @@ def exclusive(lock_file: Path, waiting: Callable[[str], None] | None = None) -> 
         finally:
             handle.truncate(0)
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _holder(handle: IO[str]) -> str:
+    """Who holds a lock, as it wrote into the file; it writes just after taking the lock, so allow it a moment."""
+    for _ in range(20):
+        handle.seek(0)
+        holder = handle.read().strip()
+        if holder:
+            return holder
+        time.sleep(0.05)
+    return "another process"

@@ -233,9 +233,10 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
     tc = toolchain.detect()
     ops = None
     if spec.custom_op:
+        built = tools()
         with timeline.stage("ops"):
-            ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", tools().tc, tools().cuda,
-                                     tools().launcher, lambda msg: report("ops", msg))
+            ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", built.tc, built.cuda,
+                                     built.launcher, lambda msg: report("ops", msg))
     job = Job(spec, layout, tc, tools, State(layout.state_file, fresh=force), timeline, ops, tuning, shared)
     # Inductor registers its oneDNN weight-packing passes once per process, as the first CPU freezing finds oneDNN
     # on or off (codegen.uses_onednn): CPU units go first, so that they decide it.

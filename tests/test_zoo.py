@@ -83,7 +83,7 @@ def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Pat
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of torch (CI has neither)")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False; CI has none)")
 @pytest.mark.parametrize("spec_name,graphs,kwargs,devices", [
     # MiniLM-sized BERT (hidden 384, 6 layers, 12 heads), dynamic batch and sequence length. cuda only: torch
     # 2.11's CPU attention still guards batch != 1 under size-oblivious tracing (2.13's does not).
