@@ -37,13 +37,7 @@ def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
         wheel = build_wheel(source, build_dir, Path(tmp), tc, launcher)
         normalize_wheel(wheel, source_date_epoch())
-        staging = site.with_name(site.name + ".new")
-        _unpack(wheel, staging)
-        _check_imports(staging, name, tc, module_dirs)
-        final = dist / wheel.name
-        wheel.replace(final)
-        replace_dir(staging, site)
-    return PackageResult(key, final, site)
+        return install(wheel, dist, site, name, tc, key, module_dirs)
 
 
 def normalize_wheel(wheel: Path, epoch: int) -> None:
@@ -108,7 +102,7 @@ def _check_imports(staging: Path, name: str, tc: Toolchain, module_dirs: tuple[P
 
 
 def install(wheel: Path, dist: Path, site: Path, name: str, tc: Toolchain, key: str, module_dirs: tuple[Path, ...] = ()) -> PackageResult:
-    """A wheel built before (the shared cache's) put in `dist` and unpacked in `site`, once it imports here."""
+    """`wheel` (just built, or from the shared cache) moved into `dist` and unpacked in `site`, once it imports here."""
     dist.mkdir(parents=True, exist_ok=True)
     staging = site.with_name(site.name + ".new")
     _unpack(wheel, staging)
