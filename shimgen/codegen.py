@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from . import custom_ops, kernel_choice, openmp, proxy_executor, user_triton
+from . import custom_ops, kernel_choice, openmp, proxy_executor, user_triton, weights
 from .errors import UserError
 from .files import replace_dir, source_hash, stage_key
 from .lockfile import Timings
@@ -62,6 +62,8 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     }
     if cxx:
         configs["cpp.cxx"] = (None, cxx)
+    if flags.weights == "file":  # the weights as one blob beside the code (weights.write_from_blob), the model told not to expect them
+        configs.update({"aot_inductor.package_constants_in_so": False, "aot_inductor.package_constants_on_disk_format": "binary_blob"})
     if target.device == "cuda":
         configs["aot_inductor.embed_kernel_binary"] = True
         configs["aot_inductor.emit_multi_arch_kernel"] = True  # PTX, not a cubin for the build GPU alone
@@ -79,7 +81,8 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
         return configs
     # Inductor's C++ GEMM template packs the weights itself, for the target's ISA; Inductor offers it only with
     # cpp.weight_prepack, which also lets oneDNN and MKL prepack where `uses_onednn` allows.
-    configs["cpp.weight_prepack"] = flags.gemm_autotune or uses_onednn(target, flags)
+    # Without freezing the weights stay as they are, so that load_weights() can replace them: nothing packed from them.
+    configs["cpp.weight_prepack"] = flags.freezing and (flags.gemm_autotune or uses_onednn(target, flags))
     if flags.gemm_autotune and not flags.max_autotune:
         configs.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN"})
     # Kernels size their OpenMP teams by the calling thread's setting (torch.set_num_threads), not the build machine's.
@@ -97,13 +100,23 @@ def uses_onednn(target: Target, flags: Flags) -> bool:
     return target.device == "cpu" and flags.onednn and target.isa == "native"
 
 
-def codegen_key(traced: TraceResult, target: Target, flags: Flags, locked: Timings) -> str:
-    """Holds no path of this machine (the shared cache finds it on another); for a native ISA, this machine's CPU."""
+def values_compiled(flags: Flags) -> bool:
+    """Whether the generated code depends on the weights' values, not only on their names, dtypes and shapes: it embeds
+    them, or freezing folds them at build time."""
+    return flags.weights == "embedded" or flags.freezing
+
+
+def codegen_key(traced: TraceResult, target: Target, flags: Flags, locked: Timings, torch_version: str) -> str:
+    """Holds no path of this machine (the shared cache finds it on another); for a native ISA, this machine's CPU.
+    The program counts without its weights' values where the code does not depend on them (`values_compiled`);
+    Python files the trace read count by content (a Triton kernel's source), other files only through the program."""
     host = _host_cpu() if target.device == "cpu" and target.isa == "native" else None
-    return stage_key(traced.key, sorted(digest for _, digest in traced.reads), locked, host, target.isa, target.archs,
+    code_read = sorted(digest for path, digest in traced.reads if path.endswith(".py"))
+    return stage_key(traced.structure, traced.out_nodes, traced.weights if values_compiled(flags) else None, code_read, torch_version,
+                     locked, host, target.isa, target.archs,
                      inductor_configs(target, flags), flags.onednn, flags.split,
                      source_hash(sys.modules[__name__]), source_hash(openmp), source_hash(kernel_choice), source_hash(custom_ops),
-                     source_hash(proxy_executor), source_hash(user_triton))
+                     source_hash(proxy_executor), source_hash(user_triton), source_hash(weights))
 
 
 def _host_cpu() -> str:
@@ -151,8 +164,14 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
             text = openmp.serial_fast_paths(openmp.gemm_threads_from_caller(text))
         (staging / f"kernels_{k}.cpp").write_text(text)
     (staging / "interface.cpp").write_text(interface)
-    (staging / "model.cpp").write_text(model)
+    # Its end, where Inductor's model class is complete, describes the constants to the binding (load_weights).
+    (staging / "model.cpp").write_text(model + '\n#include "shimgen_model_constants.h"\n')
     (staging / "weights.o").write_bytes(files[".weights.o"])
+    program_weights = {**program.state_dict, **program.constants}
+    constants = weights.mark_plain(weights.parse_constants(model), program_weights)
+    weights.write_constants(constants, staging / "constants.json")
+    if flags.weights == "file":
+        weights.write_from_blob(constants, files.get(".wrapper_weights.blob", b""), staging / "weights.safetensors")
     extern = json.loads(files[".wrapper.json"]) if ".wrapper.json" in files else {}
     called = proxy_executor.ops_called(extern)
     if called:
@@ -166,6 +185,8 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         out_dir / "weights.o", tuple(out_dir / name for name in ptx_names), tuple(out_dir / "triton" / name for name in triton_names),
         tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs, kernel_choice.merged(recording.choices),
         out_dir / "extern_nodes.json" if called else None, custom_ops.run_time_modules(called, ops), recording.timings,
+        out_dir / "constants.json", out_dir / "weights.safetensors" if flags.weights == "file" else None, traced.weights,
+        tuple(weights.unused_weights(constants, program_weights)),
     )
 
 
@@ -254,7 +275,7 @@ def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
         for name in zf.namelist():
             if name.endswith(".ptx"):
                 ptx[Path(name).stem] = zf.read(name)
-            for suffix in (".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o", ".wrapper.json"):
+            for suffix in (".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o", ".wrapper.json", ".wrapper_weights.blob"):
                 if name.endswith(suffix):
                     if suffix in found:
                         raise UserError(f"Inductor produced more than one {suffix} ({name}); unsupported graph")

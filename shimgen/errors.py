@@ -19,6 +19,9 @@ class SpecError(UserError):
     def __str__(self) -> str:
         return ": ".join(part for part in (self.file, self.where, self.message) if part)
 
+    def __reduce__(self) -> tuple[type[SpecError], tuple[str, str, str]]:  # raised in a worker process, re-raised here
+        return SpecError, (self.file, self.where, self.message)
+
 
 class BuildError(UserError):
     """A failed build step (compiler, Meson, packaging), with the part of its log that matters."""

@@ -20,7 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import codegen, custom_ops, lockfile, matrix, meson, package, prebuilt, probe, proxy_executor, render, shared_cache, toolchain, trace
+from . import (
+    codegen,
+    custom_ops,
+    lockfile,
+    matrix,
+    meson,
+    package,
+    prebuilt,
+    probe,
+    proxy_executor,
+    render,
+    shared_cache,
+    toolchain,
+    trace,
+    weights,
+    workers,
+)
 from .errors import SpecError, UserError
 from .files import exclusive, file_hash, source_hash, stage_key
 from .results import (
@@ -37,7 +53,7 @@ from .results import (
     unit_name,
 )
 from .shared_cache import SharedCache
-from .spec import Graph, ProjectSpec, Target, load_spec
+from .spec import ProjectSpec, Target, load_spec
 from .state import State
 from .toolchain import Toolchain
 from .toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
@@ -60,6 +76,8 @@ class BuildOutput:
     kernel_choices: dict[str, tuple[KernelChoice, ...]] = field(default_factory=dict)  # by unit
     identifiers: list[str] = field(default_factory=list)  # the matrix's build identifiers this package covers
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
+    timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
+    elapsed: float = 0.0  # seconds from the build's start to its end
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -76,6 +94,8 @@ class BuildOutput:
             "kernel_choices": to_json(self.kernel_choices),
             "identifiers": self.identifiers,
             "shared_cache": self.shared_cache,
+            "timeline": [{"stage": stage, "unit": unit, "start": start, "end": end} for stage, unit, start, end in self.timeline],
+            "elapsed": round(self.elapsed, 3),
         }
 
 
@@ -138,23 +158,32 @@ class Tools:
 
 
 class Timeline:
-    """Seconds per stage (summed over units) and the units skipped as up to date, reported as they happen."""
+    """Seconds per stage (summed over units), when each ran (from the build's start: stages of several units may
+    overlap), and the units skipped as up to date, reported as they happen."""
 
     def __init__(self, report: Progress) -> None:
         self.report = report
         self.seconds: dict[str, float] = {}
+        self.events: list[tuple[str, str, float, float]] = []  # stage, unit or "", start, end
         self.skipped: list[str] = []
+        self.started = time.time()
+
+    def record(self, name: str, detail: str, start: float, end: float) -> None:
+        """A stage that ran from `start` to `end` (time.time()), perhaps in another process."""
+        self.seconds[name] = self.seconds.get(name, 0.0) + end - start
+        self.events.append((name, detail, round(start - self.started, 3), round(end - self.started, 3)))
+        self.report(name, f"{detail} done in {end - start:.1f}s" if detail else f"done in {end - start:.1f}s")
 
     @contextmanager
     def stage(self, name: str, detail: str = "") -> Iterator[None]:
         self.report(name, f"{detail} ..." if detail else "...")
-        start = time.monotonic()
+        start = time.time()
         try:
             yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - start
-        done = f"done in {time.monotonic() - start:.1f}s"
-        self.report(name, f"{detail} {done}" if detail else done)
+        except BaseException:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.time() - start
+            raise
+        self.record(name, detail, start, time.time())
 
 
 def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = True, progress: Progress | None = None,
@@ -238,11 +267,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
             ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", built.tc, built.cuda,
                                      built.launcher, lambda msg: report("ops", msg))
     job = Job(spec, layout, tc, tools, State(layout.state_file, fresh=force), timeline, ops, tuning, shared)
-    # Inductor registers its oneDNN weight-packing passes once per process, as the first CPU freezing finds oneDNN
-    # on or off (codegen.uses_onednn): CPU units go first, so that they decide it.
-    generated = {(t.device, i): _generate(job, i, graph, t)
-                 for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, graph in enumerate(spec.graph)}
-    units = [generated[t.device, i] for t in spec.target for i in range(len(spec.graph))]
+    units = _generate_all(job)
     job.state.forget_all_but("unit:", {f"unit:{kind}:{u.name}" for u in units for kind in ("trace", "codegen")})
     version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
     wheel_key = _wheel_key(job, units, version)
@@ -271,7 +296,8 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
                        sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5] if compiled else [], timeline.skipped, launcher,
                        {u.name: u.code.kernel_choices for u in units if u.code.kernel_choices},
                        [matrix.BuildId(tc.python_version, tc.torch_version, _torch_cuda(spec) if t.device == "cuda" else None,
-                                       t).identifier for t in spec.target], _shared_summary(shared))
+                                       t).identifier for t in spec.target], _shared_summary(shared), timeline.events,
+                       time.time() - timeline.started)
 
 
 def _shared_summary(shared: SharedCache | None) -> dict[str, Any] | None:
@@ -319,54 +345,114 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
         job.state.commit("meson", Stamp(tools.key))
 
 
-def _generate(job: Job, index: int, graph: Graph, target: Target) -> Unit:
-    """One graph on one target traced and generated, or both taken from the last build (or the shared cache) when up to date."""
-    spec, layout, state, timeline = job.spec, job.layout, job.state, job.timeline
-    name, where = unit_name(graph, target), f"graph[{index}]"
-    key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
-    traced = state.get(TraceResult, f"unit:trace:{name}")
-    if traced is not None and trace.still_valid(traced, key):
-        timeline.skipped.append(f"trace:{name}")
-    elif (traced := _shared_trace(job, key)) is not None:
-        timeline.skipped.append(f"trace:{name} (shared cache)")
-        state.commit(f"unit:trace:{name}", traced)
-    else:
+def _generate_all(job: Job) -> list[Unit]:
+    """Every graph on every target traced and generated, or taken from the last build (or the shared cache) where up to
+    date. The traces to make run at once in worker processes, then the codegens (shimgen/workers.py)."""
+    spec, layout, state = job.spec, job.layout, job.state
+    # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
+    pairs = [(i, g, t) for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, g in enumerate(spec.graph)]
+    graphs = {unit_name(g, t): g for _, g, t in pairs}
+    traced: dict[str, TraceResult] = {}
+    to_trace = []
+    for i, graph, target in pairs:
+        name = unit_name(graph, target)
+        key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
+        found = _known_trace(job, name, key)
+        if found is not None:
+            traced[name] = found
+            continue
         _require_gpu(spec, target)
-        with timeline.stage("trace", name):
-            traced = trace.trace(graph, where, layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2", key, job.ops)
-        state.commit(f"unit:trace:{name}", traced)
-        _store_trace(job, traced)
-    section = lockfile.section(name, job.tc.torch_version)
-    locked = {} if job.tuning.retune else job.tuning.locked.get(section, {})
-    key = codegen.codegen_key(traced, target, spec.flags, locked)
-    generated = state.get(CodegenResult, f"unit:codegen:{name}", key)
-    if generated is not None:
-        timeline.skipped.append(f"codegen:{name}")
-        return Unit(graph, target, generated)
-    codegen_dir = {"ROOT": layout.root / "codegen" / name}
-    if job.shared and not job.tuning.retune:
-        generated = shared_cache.fetch(job.shared, "codegen", key, CodegenResult, codegen_dir)
+        to_trace.append((name, workers.TraceTask(graph, f"graph[{i}]", layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2", key)))
+
+    def record_trace(name: str, result: TraceResult, start: float, end: float) -> None:
+        job.timeline.record("trace", name, start, end)
+        traced[name] = result
+        state.commit(f"unit:trace:{name}", result)
+        _store_trace(job, result)
+
+    _run(job, "trace", to_trace, workers.run_trace, record_trace)
+    units: dict[str, Unit] = {}
+    to_generate: list[tuple[str, workers.CodegenTask]] = []
+    for i, graph, target in pairs:
+        name = unit_name(graph, target)
+        locked = {} if job.tuning.retune else job.tuning.locked.get(lockfile.section(name, job.tc.torch_version), {})
+        key = codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version)
+        generated = _known_codegen(job, name, traced[name], key)
         if generated is not None:
-            timeline.skipped.append(f"codegen:{name} (shared cache)")
-            state.commit(f"unit:codegen:{name}", generated)
-            return Unit(graph, target, generated)
-    _require_gpu(spec, target)
-    cxx = job.tools().tc.cxx
-    with timeline.stage("codegen", name):
-        try:
-            generated = codegen.generate(traced, target, spec.flags, cxx, codegen_dir["ROOT"], key, job.ops,
-                                         locked, job.tuning.retune)
-        except SpecError:
-            raise
-        except UserError as exc:
-            raise SpecError("", where, str(exc)) from None
-    # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
-    generated = dataclasses.replace(generated, key=codegen.codegen_key(traced, target, spec.flags, generated.autotune_timings))
-    state.commit(f"unit:codegen:{name}", generated)
-    if job.shared:
-        for shared_key in {key, generated.key}:  # found by a machine with this lockfile and by one with the next
-            shared_cache.store(job.shared, "codegen", shared_key, generated, codegen_dir)
-    return Unit(graph, target, generated)
+            units[name] = Unit(graph, target, generated)
+            continue
+        _require_gpu(spec, target)
+        to_generate.append((name, workers.CodegenTask(traced[name], target, spec.flags, job.tools().tc.cxx, layout.root / "codegen" / name,
+                                                      key, locked, job.tuning.retune, f"graph[{i}]")))
+
+    def record_codegen(name: str, generated: CodegenResult, start: float, end: float) -> None:
+        job.timeline.record("codegen", name, start, end)
+        task = next(task for unit, task in to_generate if unit == name)
+        # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
+        generated = dataclasses.replace(generated, key=codegen.codegen_key(task.traced, task.target, spec.flags, generated.autotune_timings,
+                                                                           job.tc.torch_version))
+        state.commit(f"unit:codegen:{name}", generated)
+        if job.shared:
+            for shared_key in {task.key, generated.key}:  # found by a machine with this lockfile and by one with the next
+                shared_cache.store(job.shared, "codegen", shared_key, generated, {"ROOT": task.out_dir})
+        units[name] = Unit(graphs[name], task.target, generated)
+
+    _run(job, "codegen", to_generate, workers.run_codegen, record_codegen)
+    return [units[unit_name(g, t)] for t in spec.target for g in spec.graph]
+
+
+def _run(job: Job, stage: str, tasks: list[tuple[str, Any]], work: Callable[..., Any], done: Callable[[str, Any, float, float], None]) -> None:
+    processes = workers.count(len(tasks), in_process=job.ops is not None)
+    if processes:
+        job.timeline.report(stage, f"{', '.join(name for name, _ in tasks)} in {processes} worker processes ...")
+    for name, _ in tasks:
+        job.timeline.report(stage, f"{name} ...")
+    workers.run_all(tasks, work, processes, job.ops, done)
+
+
+def _known_trace(job: Job, name: str, key: str) -> TraceResult | None:
+    """The unit's trace as the last build (or the shared cache) left it, where still valid."""
+    traced = job.state.get(TraceResult, f"unit:trace:{name}")
+    if traced is not None and trace.still_valid(traced, key):
+        job.timeline.skipped.append(f"trace:{name}")
+        return traced
+    traced = _shared_trace(job, key)
+    if traced is not None:
+        job.timeline.skipped.append(f"trace:{name} (shared cache)")
+        job.state.commit(f"unit:trace:{name}", traced)
+    return traced
+
+
+def _known_codegen(job: Job, name: str, traced: TraceResult, key: str) -> CodegenResult | None:
+    """The unit's code as the last build (or the shared cache) left it under `key`, its weights file made again where only
+    the weights changed."""
+    generated = job.state.get(CodegenResult, f"unit:codegen:{name}", key)
+    if generated is None and job.shared and not job.tuning.retune:
+        generated = shared_cache.fetch(job.shared, "codegen", key, CodegenResult, {"ROOT": job.layout.root / "codegen" / name})
+        if generated is not None:
+            job.timeline.skipped.append(f"codegen:{name} (shared cache)")
+            job.state.commit(f"unit:codegen:{name}", generated)
+    elif generated is not None:
+        job.timeline.skipped.append(f"codegen:{name}")
+    if generated is not None and generated.weights_file is not None and generated.weights_digest != traced.weights:
+        generated = _rewrite_weights(job, name, traced, generated)  # None: codegen makes them
+    return generated
+
+
+def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: CodegenResult) -> CodegenResult | None:
+    """The weights file of up-to-date code made again from the traced program's weights (only their values changed);
+    None where the model's constants are not all plain weights of the program (then codegen makes them)."""
+    import torch
+
+    assert generated.weights_file is not None and generated.constants is not None
+    with job.timeline.stage("weights", name):
+        program = torch.export.load(str(traced.program))
+        if not weights.write_from_tensors(weights.read_constants(generated.constants), {**program.state_dict, **program.constants},
+                                          generated.weights_file):
+            return None
+    generated = dataclasses.replace(generated, weights_digest=traced.weights)
+    job.state.commit(f"unit:codegen:{name}", generated)
+    return generated
 
 
 def _shared_trace(job: Job, key: str) -> TraceResult | None:

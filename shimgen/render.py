@@ -13,7 +13,7 @@ from typing import Any
 
 import jinja2
 
-from . import escape, proxy_executor
+from . import escape, proxy_executor, weights
 from .files import write_if_changed
 from .results import OBJECT, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit
 from .spec import Flags, Graph, ProjectSpec, Target
@@ -26,7 +26,7 @@ TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meso
 PROBE_FILES = ("probe/probe.cpp", "probe/check_probe.py", "probe/shimgen_runtime.cpp", "project/shimgen_runtime.h")
 # What __init__.py is rendered from, shipped beside it as BUILD_MANIFEST for `shimgen merge`.
 INIT_CONTEXT = ("name", "version", "description", "spec_file", "target_ids", "torch_version", "targets", "units", "graphs", "op_libraries",
-                "op_modules", "docstrings")
+                "op_modules", "docstrings", "freezing")
 BUILD_MANIFEST = "_shimgen_build.json"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
 
@@ -105,6 +105,8 @@ def render_project(
         code = u.code
         for path in (code.model, code.weights, *code.kernels, *code.ptx):
             files[src / path.name] = path.read_bytes()
+        if code.weights_file:
+            files[src / f"{u.name}.safetensors"] = code.weights_file.read_bytes()
         for path in code.triton:
             files[src / "triton" / path.name] = path.read_bytes()
         cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
@@ -114,7 +116,10 @@ def render_project(
         files[src / "binding.cpp"] = binding.render(_binding_context(u, tc, spec, target_ids, cuda_graphs))
         unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "kernels": [p.name for p in code.kernels],
                              "cuda_kernels": [p.stem for p in code.ptx], "triton": [p.name for p in code.triton], "cuda_graphs": cuda_graphs,
-                             "proxy_executor": code.extern_nodes is not None})
+                             "proxy_executor": code.extern_nodes is not None,
+                             "weights_file": f"{u.name}.safetensors" if code.weights_file else None,
+                             "constants": weights.package_view(weights.read_constants(code.constants)) if code.constants else [],
+                             "unused_weights": list(code.unused_weights)})
     libraries = []
     if ops:
         for entry, path in zip([i for i, op in enumerate(spec.custom_op) if op.sources], ops.libraries, strict=True):
@@ -150,6 +155,7 @@ def render_project(
         "graphs": [g.name for g in spec.graph],
         "op_libraries": libraries,
         "op_modules": _op_modules(spec, units),
+        "freezing": spec.flags.freezing,
         "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g), spec.runtime.instances,
                                          any(t.device == "cpu" for t in spec.target)) for g in spec.graph},
     }
@@ -157,10 +163,12 @@ def render_project(
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
     # Devices and names only: the manifest holds no path of the build machine.
     package = {**{k: context[k] for k in INIT_CONTEXT}, "targets": [{"device": t["device"]} for t in targets],
-               "units": [{k: u[k] for k in ("name", "graph", "device")} for u in unit_context]}
+               "units": [{k: u[k] for k in ("name", "graph", "device", "weights_file", "constants", "unused_weights")} for u in unit_context]}
     files[out / name / "__init__.py"] = render_init(package)
     files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"
-    runtime = ["shimgen_runtime.h"] + (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
+    files[out / name / "_shimgen_weights.py"] = (TEMPLATES / "project" / "_shimgen_weights.py").read_text()
+    runtime = ["shimgen_runtime.h", "shimgen_weights.h", "shimgen_model_constants.h"]
+    runtime += (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
     for runtime_file in runtime:
         files[out / "src" / runtime_file] = (TEMPLATES / "project" / runtime_file).read_text()
     for path, content in files.items():
@@ -234,6 +242,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str,
         "cuda_graphs": cuda_graphs,
         "has_last_error": tc.has_last_error,
         "proxy_executor": u.code.extern_nodes is not None,
+        "weights_in_file": u.code.weights_file is not None,
         "docstring": docstring(graph, u.code.out_nodes, 1 if cuda_graphs else spec.runtime.instances, u.target.device == "cpu"),
     }
 

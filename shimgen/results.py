@@ -57,6 +57,8 @@ class TraceResult:
     out_nodes: tuple[OutNode, ...]
     num_outputs: int
     reads: tuple[tuple[str, str], ...]  # (path, sha256) of every project file the trace read
+    structure: str = ""  # trace.structure_key: the program without its weights' values
+    weights: str = ""  # trace.weights_key: the weights' values
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -111,11 +113,15 @@ class CodegenResult:
     extern_nodes: Path | None = None  # Inductor's description of the ops it leaves to run time (its <hash>.wrapper.json)
     run_time_modules: tuple[str, ...] = ()  # Python modules the package imports first: they define ops the graph calls
     autotune_timings: dict[str, Any] = field(default_factory=dict)  # the timing records its kernel choices used (lockfile.Timings)
+    constants: Path | None = None  # the model's constants described (weights.Constant, as JSON)
+    weights_file: Path | None = None  # flags.weights = "file": the weights as safetensors
+    weights_digest: str = ""  # the trace's weights_key the weights file was made from
+    unused_weights: tuple[str, ...] = ()  # the program's weights the model does not take (weights.unused_weights)
 
     @property
     def files(self) -> tuple[Path, ...]:
-        nodes = (self.extern_nodes,) if self.extern_nodes else ()
-        return (self.interface, self.model, *self.kernels, self.weights, *self.ptx, *self.triton, *nodes)
+        extra = tuple(p for p in (self.extern_nodes, self.constants, self.weights_file) if p)
+        return (self.interface, self.model, *self.kernels, self.weights, *self.ptx, *self.triton, *extra)
 
     @property
     def compile_args(self) -> list[str]:

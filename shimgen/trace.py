@@ -7,6 +7,7 @@ spec order: the binding can hand them to AOTInductor as they come.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import keyword
 import sys
 from collections.abc import Callable
@@ -71,7 +72,27 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
         raise SpecError("", where, f"the traced model returns {program.call_spec.out_spec.num_leaves} tensors, eager {num_outputs}")
     program_file.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(program_file))
-    return TraceResult(key, program_file, tuple(out_nodes), num_outputs, tuple((str(p), file_hash(p)) for p in sorted(reads)))
+    return TraceResult(key, program_file, tuple(out_nodes), num_outputs, tuple((str(p), file_hash(p)) for p in sorted(reads)),
+                       structure_key(program), weights_key(program))
+
+
+def structure_key(program: Any) -> str:
+    """The program without the values of its weights: its graph, signature and tensor metadata."""
+    from torch._export.serde.serialize import serialize
+
+    return stage_key(serialize(program).exported_program.decode())
+
+
+def weights_key(program: Any) -> str:
+    """The values of the program's weights (parameters, buffers and tensor constants) by name."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, value in sorted({**program.state_dict, **program.constants}.items()):
+        if isinstance(value, torch.Tensor):
+            digest.update(f"{name}\0{value.dtype}\0{tuple(value.shape)}\0".encode())
+            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _spec_order_module(model: Callable[..., Any], graph: Graph) -> Any:
@@ -85,7 +106,7 @@ def _spec_order_module(model: Callable[..., Any], graph: Graph) -> Any:
     class SpecOrderCall(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.model = model  # a Module is registered as a submodule; a function stays an attribute
+            self.model = model  # a Module is registered as a submodule (weights.WEIGHT_PREFIX); a function stays an attribute
 
         def forward(self, *tensors: torch.Tensor) -> Any:
             return output_tensors(call_model(self.model, graph, list(tensors)))

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import REPO, build_json, import_package, shimgen
 
-from shimgen import probe, toolchain
+from shimgen import probe, toolchain, workers
 from shimgen.entry import load_model, make_inputs
 from shimgen.errors import UserError
 from shimgen.spec import load_spec
@@ -73,6 +73,15 @@ def test_two_graphs_keep_structure(built_multi: dict[str, Any], workdir: Path) -
 
     graph, fn, (a, b) = eager_and_inputs(spec_path, 1, {"n": 7, "m": 2})
     torch.testing.assert_close(multi.distance(a, b=b), fn(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_two_graphs_trace_and_generate_at_once(built_multi: dict[str, Any]) -> None:
+    if not workers.count(2, in_process=False):
+        pytest.skip(f"this machine runs one worker process ({os.cpu_count()} cores, {workers.MEMORY_PER_WORKER >> 30} GiB each)")
+    for stage in ("trace", "codegen"):
+        (a_start, a_end), (b_start, b_end) = sorted((e["start"], e["end"]) for e in built_multi["timeline"] if e["stage"] == stage)
+        assert b_start < a_end, f"{stage} of the two graphs ran one after the other: {built_multi['timeline']}"
+    assert built_multi["elapsed"] < sum(built_multi["stages"].values())
 
 
 def test_docstrings_list_inputs(built_multi: dict[str, Any]) -> None:

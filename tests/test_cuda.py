@@ -294,3 +294,23 @@ def test_per_target_wheels_merge_into_the_multi_target_package(built_gpu: dict[s
                              capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
         torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x).cpu(), rtol=1e-4, atol=1e-4)
+
+
+def test_load_weights_on_cuda_recaptures_the_cuda_graph(workdir: Path, tmp_path: Path) -> None:
+    spec = tmp_path / "graphs_refit.toml"
+    spec.write_text((workdir / "projects" / "gpu_graphs.toml").read_text().replace('name = "gpu_graphs"', 'name = "graphs_refit"')
+                    + "freezing = false\n")
+    (tmp_path / "models").symlink_to(workdir / "projects" / "models")
+    summary = build_json(spec, tmp_path)
+    assert (Path(summary["package_dir"]) / "graphs_refit" / "mlp_cuda.safetensors").is_file()
+    package = import_package(summary)
+    model, (x,) = eager(spec, 0, "cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(package.mlp(x), model(x), rtol=1e-4, atol=1e-5)  # captured with the built weights
+        for p in model.parameters():
+            p.mul_(-0.5)
+        package.load_weights(model.state_dict(), graphs="mlp")
+        for _ in range(3):  # replays of a new capture, not of the one holding the old weights
+            torch.testing.assert_close(package.mlp(x), model(x), rtol=1e-4, atol=1e-5)
+        package.load_weights({k: v.cpu() for k, v in model.state_dict().items()}, graphs=["mlp"])
+        torch.testing.assert_close(package.mlp(x), model(x), rtol=1e-4, atol=1e-5)

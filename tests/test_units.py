@@ -7,9 +7,12 @@ asserts exact outputs or properties that a wrong implementation breaks.
 
 from __future__ import annotations
 
+import array
 import os
+import random
 import re
 import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ from shimgen.files import write_if_changed
 from shimgen.meson import first_error as meson_first_error
 from shimgen.meson import unit_name
 from shimgen.openmp import gemm_threads_from_caller, serial_fast_paths
+from shimgen.package import write_wheel
 from shimgen.render import TEMPLATES, _env, docstring, render_probe, target_id
 from shimgen.results import DICT, LIST, NONE, OBJECT, TENSOR, TUPLE, OutNode, OutType
 from shimgen.spec import Dim, Flags, Graph, Input, Target, load_spec
@@ -508,6 +512,64 @@ def test_write_if_changed_replaces_changed_content_atomically(tmp_path: Path) ->
     assert write_if_changed(path, b"int y;\n") is True
     assert path.read_bytes() == b"int y;\n"
     assert [p.name for p in tmp_path.iterdir()] == ["model.cpp"]  # no temporary file left beside it
+
+
+# --- write_wheel: reproducible members, deflated only where that pays --------------------------------------------------
+
+def float_bytes(count: int, seed: int) -> bytes:
+    """`count` float32 values drawn like initialised weights (normal, std 0.02): what a model's weights look like."""
+    rng = random.Random(seed)
+    return array.array("f", (rng.gauss(0.0, 0.02) for _ in range(count))).tobytes()
+
+
+def wheel_members() -> dict[str, tuple[bytes, bool]]:
+    code = "".join(f"def f{k}(x):\n    return x * {k} + {k % 7}\n\n" for k in range(4000)).encode()
+    weights = float_bytes(600_000, 0)  # 2.4 MB: more than the 1 MiB sample, so it is sampled in pieces
+    assert len(code) > 60_000
+    return {
+        "pkg/__init__.py": (code, False),
+        # An extension module with compiled-in weights: code (deflates well) first, then the weights; its first MiB
+        # alone would say deflate (to 88%), although nearly all of it is float data (the whole deflates to 91%).
+        "pkg/_model.cpython-311-x86_64-linux-gnu.so": (code[:60_000] + weights, True),
+        "pkg/weights.bin": (float_bytes(100_000, 1), False),
+        "pkg/zeros.safetensors": (bytes(300_000), False),  # compresses to nothing, stored all the same
+        "pkg-0.1.dist-info/METADATA": (b"Metadata-Version: 2.1\nName: pkg\nVersion: 0.1\n", False),
+        "pkg-0.1.dist-info/WHEEL": (b"Wheel-Version: 1.0\nRoot-Is-Purelib: false\n", False),
+        "pkg-0.1.dist-info/RECORD": (b"stale,,\n", False),  # regenerated
+    }
+
+
+def test_write_wheel_stores_float_data_and_deflates_text(tmp_path: Path) -> None:
+    members = wheel_members()
+    write_wheel(tmp_path / "pkg.whl", members, 315532800)
+    with zipfile.ZipFile(tmp_path / "pkg.whl") as zf:
+        infos = {info.filename: info for info in zf.infolist()}
+        assert list(infos) == [*sorted(n for n in members if n.startswith("pkg/")), "pkg-0.1.dist-info/METADATA",
+                               "pkg-0.1.dist-info/WHEEL", "pkg-0.1.dist-info/RECORD"]
+        assert {name: info.compress_type for name, info in infos.items()} == {
+            "pkg/__init__.py": zipfile.ZIP_DEFLATED,
+            "pkg/_model.cpython-311-x86_64-linux-gnu.so": zipfile.ZIP_STORED,
+            "pkg/weights.bin": zipfile.ZIP_STORED,
+            "pkg/zeros.safetensors": zipfile.ZIP_STORED,
+            "pkg-0.1.dist-info/METADATA": zipfile.ZIP_DEFLATED,
+            "pkg-0.1.dist-info/WHEEL": zipfile.ZIP_STORED,  # 42 bytes that deflate would make longer
+            "pkg-0.1.dist-info/RECORD": zipfile.ZIP_DEFLATED,
+        }
+        assert infos["pkg/__init__.py"].compress_size < infos["pkg/__init__.py"].file_size / 5
+        for name, (data, executable) in members.items():
+            if not name.endswith("RECORD"):
+                assert zf.read(name) == data, name
+                assert infos[name].external_attr >> 16 & 0o777 == (0o755 if executable else 0o644), name
+        assert zf.read("pkg-0.1.dist-info/RECORD").decode().splitlines()[-1] == "pkg-0.1.dist-info/RECORD,,"
+        assert zf.testzip() is None
+
+
+def test_write_wheel_of_the_same_members_is_byte_identical(tmp_path: Path) -> None:
+    members = wheel_members()
+    write_wheel(tmp_path / "a.whl", members, 315532800)
+    write_wheel(tmp_path / "b.whl", dict(reversed(members.items())), 315532800)  # the order given does not matter
+    assert (tmp_path / "a.whl").read_bytes() == (tmp_path / "b.whl").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.whl", "b.whl"]  # no temporary file left beside them
 
 
 # --- templates ---------------------------------------------------------------------------------------------------------

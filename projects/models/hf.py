@@ -32,3 +32,9 @@ def t5_encoder(d_model: int = 32, layers: int = 2, heads: int = 4, d_kv: int = 8
     """The encoder half of T5 (relative position buckets over a dynamic length), returning BaseModelOutput."""
     config = transformers.T5Config(d_model=d_model, d_kv=d_kv, d_ff=d_ff, num_layers=layers, num_heads=heads, vocab_size=vocab)
     return transformers.T5EncoderModel(config)
+
+
+def minilm():
+    """BERT at the size of sentence-transformers' all-MiniLM-L6-v2 (hidden 384, 6 layers, 12 heads, intermediate 1536,
+    vocab 30522, 512 positions; about 90 MB of fp32 weights), randomly initialised: nothing is downloaded."""
+    return bert(hidden=384, layers=6, heads=12, intermediate=1536, vocab=30522, positions=512).eval()

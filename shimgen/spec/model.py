@@ -151,7 +151,19 @@ class Flags:
         default=True,
     )
     split: int = doc("Kernel translation units per graph, compiled in parallel.", default=4)
-    freezing: bool = doc("Fold weights into the graph as constants (Inductor freezing): faster inference.", default=True)
+    freezing: bool = doc(
+        "Fold weights into the graph as constants (Inductor freezing): faster inference. The folded constants are computed "
+        "at build time, so the package's load_weights() can replace only the weights freezing left as they were; "
+        "a new checkpoint otherwise needs a rebuild.",
+        default=True,
+    )
+    weights: Literal["embedded", "file"] = doc(
+        "Where the package keeps the weights: 'file' ships them beside each graph's extension as a safetensors file "
+        "(64-byte aligned where sizes allow), mapped at import and shared by every process that loads the package; "
+        "'embedded' compiles them into the extension, which copies them to memory at import. 'file' builds faster "
+        "(no weights to link or compress) and, without freezing, a new checkpoint rebuilds only that file.",
+        default="file",
+    )
     onednn: bool = doc(
         "Native ISA, with freezing: let Inductor hand convolutions and linear layers to oneDNN (and MKL) with "
         "weights prepacked for the build machine's CPU. Much faster for convolutions (ResNet-18 batch 1: 12 vs 22 ms "

@@ -44,6 +44,16 @@ class CapturedModel {
     }
   }
 
+  // Drops the capture, calling `between` while no call runs: the next call captures again.
+  template <class Between>
+  void reset(Between between) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    between();
+    graph_.reset();
+    static_inputs_.clear();
+    static_outputs_.clear();
+  }
+
  private:
   template <class Run>
   std::string capture(const at::TensorBase* const* inputs, size_t num_inputs, size_t num_outputs, c10::DeviceIndex device,

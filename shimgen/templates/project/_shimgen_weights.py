@@ -1,0 +1,177 @@
+"""The weights of a shimgen package: its weights files mapped at import, and load_weights().
+
+Shipped unchanged in every package built by shimgen. Each graph's extension takes its weights as one tensor of
+bytes per constant of Inductor's model, in the model's order (`_set_weights`); this module finds those bytes (in
+a weights file, a state dict or a checkpoint) and checks names, dtypes and shapes before handing them over.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+MANIFEST = "_shimgen_build.json"
+FORMAT = "shimgen-weights-1"  # the weights files shimgen writes (shimgen/weights.py)
+
+
+class WeightsError(ValueError):
+    """Weights that do not fit the compiled model."""
+
+
+def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors of a safetensors file, mapped (copy on write: the file's pages are shared between processes), and
+    its metadata."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    start = 8 + length
+    data = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+    dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
+              "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+              "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = entry["data_offsets"]
+        dtype = dtypes.get(entry["dtype"])
+        if dtype is None:
+            raise WeightsError(f"{path}: tensor '{name}' has dtype {entry['dtype']}, which torch cannot read")
+        raw = data[start + begin:start + end]
+        tensors[name] = raw.view(dtype).reshape(entry["shape"]) if (start + begin) % dtype.itemsize == 0 else \
+            raw.clone().view(dtype).reshape(entry["shape"])
+    return tensors, header.get("__metadata__", {})
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+class Unit:
+    """One graph on one target: its extension and the constants of its model."""
+
+    def __init__(self, package: str, directory: str, unit: dict[str, Any], freezing: bool) -> None:
+        self.name, self.graph, self.device, self.freezing = unit["name"], unit["graph"], unit["device"], freezing
+        self.module = importlib.import_module(f"{package}._{self.name}")
+        self.constants: list[dict[str, Any]] = unit["constants"]
+        self.unused = set(unit.get("unused_weights", ()))  # the model's weights the compiled graph does not read
+        self.file = os.path.join(directory, unit["weights_file"]) if unit.get("weights_file") else None
+
+    def from_file(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list[torch.Tensor] | None:
+        """The bytes of each constant in a shimgen weights file (this build's, or another build's of the same graph), or
+        None where the file does not hold this model's constants."""
+        by_constant = {constant: entry for entry, constant in json.loads(metadata.get("constants", "{}")).items()}
+        given = []
+        for c in self.constants:
+            entry = by_constant.get(c["name"])
+            if entry not in tensors or _as_bytes(tensors[entry]).numel() != c["nbytes"]:
+                return None
+            given.append(_as_bytes(tensors[entry]))
+        return given
+
+    def plan(self, state: Mapping[str, Any]) -> list[torch.Tensor | None]:
+        """The bytes of each constant taken from `state` (None: keeps its value), checked."""
+        given: list[torch.Tensor | None] = []
+        derived = [c["fqn"] for c in self.constants if not c["plain"]]
+        if derived:
+            raise WeightsError(self._derived(derived))
+        for c in self.constants:
+            value = state.get(c["fqn"])
+            if value is None:
+                if c["kind"] == "Parameter":  # buffers and constants left out keep their values
+                    raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is missing")
+                given.append(None)
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is a {type(value).__name__}, not a tensor")
+            if str(value.dtype).removeprefix("torch.") != c["dtype"] or tuple(value.shape) != tuple(c["shape"]):
+                raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is {str(value.dtype).removeprefix('torch.')}{list(value.shape)}, "
+                                   f"the compiled model's is {c['dtype']}{list(c['shape'])}")
+            device = "cpu" if self.device == "cpu" or not value.is_cuda else value.device
+            # A copy: the model must not see later in-place changes to the caller's tensors (an optimizer step).
+            given.append(_as_bytes(value.detach().to(device, copy=True, memory_format=torch.contiguous_format)))
+        return given
+
+    def _derived(self, names: list[str]) -> str:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        file = f"{self.name}.safetensors"
+        if self.freezing:
+            return (f"graph {self.graph} was built with flags.freezing = true, which computed constants from the weights at build "
+                    f"time ({shown}: weights packed for their kernels, convolutions merged with their batch norms); they "
+                    "cannot be computed at load. Rebuild with the new weights (shimgen recompiles nothing when only weights "
+                    f"change) and load that build's {file}, or build with flags.freezing = false to replace weights from a "
+                    "state dict.")
+        return (f"graph {self.graph}: Inductor computed constants from the weights at build time ({shown}); they cannot be "
+                f"computed at load. Rebuild with the new weights and load that build's {file}.")
+
+
+class Weights:
+    """The package's graphs and their weights; maps the weights files at import."""
+
+    def __init__(self, package: str, init_file: str) -> None:
+        directory = os.path.dirname(init_file)
+        with open(os.path.join(directory, MANIFEST)) as f:
+            manifest = json.load(f)
+        self.units = [Unit(package, directory, u, bool(manifest.get("freezing"))) for u in manifest["units"]]
+        for unit in self.units:
+            if unit.file:
+                given = unit.from_file(*read_safetensors(unit.file))
+                if given is None:
+                    raise ImportError(f"{unit.file} does not hold the weights of graph {unit.graph}; reinstall the package")
+                unit.module._set_weights(given)
+
+    def load(self, weights: Mapping[str, torch.Tensor] | str | os.PathLike[str], graphs: Iterable[str] | None = None) -> None:
+        """Replace the weights of the package's graphs (all, or those named) with `weights`: a state dict, a
+        .safetensors file, or a checkpoint torch.load reads (weights only). Every parameter of each graph's model
+        must be there with its dtype and shape; buffers left out keep their values. Calls running meanwhile
+        finish on the old weights; later calls use the new ones."""
+        units = self._select(graphs)
+        if isinstance(weights, (str, os.PathLike)):
+            path = os.fspath(weights)
+            if path.endswith(".safetensors"):
+                tensors, metadata = read_safetensors(path)
+                if metadata.get("format") == FORMAT:
+                    self._load_file(path, tensors, metadata, units)
+                    return
+                weights = tensors
+            else:
+                weights = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        if not isinstance(weights, Mapping):
+            raise TypeError(f"load_weights() takes a state dict or the path of a weights file, not {type(weights).__name__}")
+        plans = [(unit, unit.plan(weights)) for unit in units]
+        known = {c["fqn"] for unit in units for c in unit.constants} | {name for unit in units for name in unit.unused}
+        unknown = sorted(set(weights) - known)
+        if unknown:
+            raise WeightsError(self._unknown(unknown))
+        for unit, given in plans:
+            unit.module._set_weights(given)
+
+    @staticmethod
+    def _load_file(path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str], units: list[Unit]) -> None:
+        found = [(unit, unit.from_file(tensors, metadata)) for unit in units]
+        found = [(unit, given) for unit, given in found if given is not None]
+        if not found:
+            raise WeightsError(f"{path} holds the weights of no graph in this package as it was built ({', '.join(u.name for u in units)}): "
+                               "it comes from a build of another model, or with other flags")
+        for unit, given in found:
+            unit.module._set_weights(given)
+
+    def _select(self, graphs: Iterable[str] | None) -> list[Unit]:
+        if graphs is None:
+            return self.units
+        names = [graphs] if isinstance(graphs, str) else list(graphs)
+        missing = sorted(set(names) - {u.graph for u in self.units})
+        if missing:
+            raise ValueError(f"no graph {', '.join(missing)} in this package (graphs: {', '.join(sorted({u.graph for u in self.units}))})")
+        return [u for u in self.units if u.graph in names]
+
+    def _unknown(self, names: list[str]) -> str:
+        shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        return f"{shown}: not weights of the compiled model"
