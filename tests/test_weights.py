@@ -70,7 +70,8 @@ RUN = '''
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 package = __import__(sys.argv[2])
-model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.BatchNorm1d(64)).eval()
+layers = [torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.BatchNorm1d(64)]
+model = torch.nn.Sequential(*layers).eval()
 x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
 
 def eager(path):
