@@ -361,7 +361,7 @@ def _generate_all(job: Job) -> list[Unit]:
         if found is not None:
             traced[name] = found
             continue
-        _require_gpu(spec, target)
+        _require_gpu(spec, target, job)
         to_trace.append((name, workers.TraceTask(graph, f"graph[{i}]", layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2", key)))
 
     def record_trace(name: str, result: TraceResult, start: float, end: float) -> None:
@@ -381,7 +381,7 @@ def _generate_all(job: Job) -> list[Unit]:
         if generated is not None:
             units[name] = Unit(graph, target, generated)
             continue
-        _require_gpu(spec, target)
+        _require_gpu(spec, target, job)
         to_generate.append((name, workers.CodegenTask(traced[name], target, spec.flags, job.tools().tc.cxx, layout.root / "codegen" / name,
                                                       key, locked, job.tuning.retune, f"graph[{i}]")))
 
@@ -513,8 +513,12 @@ def _update_lockfile(job: Job, units: list[Unit]) -> None:
         job.timeline.report("lockfile", f"wrote the kernel choices measured to {job.layout.lock_path}")
 
 
-def _require_gpu(spec: ProjectSpec, target: Target) -> None:
+def _require_gpu(spec: ProjectSpec, target: Target, job: Job) -> None:
+    """A cuda target's toolchain proved first (nvcc, archs, torch's CUDA: what a user fixes first), then its GPU."""
     import torch
+
+    if target.device == "cuda":
+        job.tools()
 
     if target.device == "cuda" and not torch.cuda.is_available():
         raise SpecError("", f"target[{spec.target.index(target)}]",

@@ -112,7 +112,7 @@ def _unit(build: _Build, graph: Graph, target: Target) -> dict[str, Any]:
         "translation_units": [_without_unit(s) for s in build.steps if s["unit"] == unit],
         "sizes": {
             "extension": _sized(_extension(unit, build)),
-            "weights": _sized(code.weights) if code else None,
+            "weights": _sized(code.weights_file or code.weights) if code else None,  # the weights file, or the object linked in
         },
     }
 

@@ -49,7 +49,7 @@ def test_report_lists_what_the_build_made(built_mlp: dict[str, Any], workdir: Pa
     extension, weights, wheel = unit["sizes"]["extension"], unit["sizes"]["weights"], data["wheel"]
     assert Path(extension["path"]).parent == Path(built_mlp["package_dir"]) / "mlp"
     assert steps[Path(extension["path"]).name]["step"] == "link"
-    assert weights["path"] == str(codegen / "weights.o") and wheel["path"] == built_mlp["wheel"]
+    assert weights["path"] == str(codegen / "weights.safetensors") and wheel["path"] == built_mlp["wheel"]  # flags.weights = "file"
     for sized in (extension, weights, wheel):
         assert sized["bytes"] == Path(sized["path"]).stat().st_size > 0
 
