@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import custom_ops, dims, entry
+from . import custom_ops, dims, entry, weights
 from .entry import call_model, describe, example_sizes, load_model, make_inputs, project_scope
 from .errors import SpecError
 from .files import file_hash, source_hash, stage_key
@@ -91,7 +91,7 @@ def weights_key(program: Any) -> str:
     for name, value in sorted({**program.state_dict, **program.constants}.items()):
         if isinstance(value, torch.Tensor):
             digest.update(f"{name}\0{value.dtype}\0{tuple(value.shape)}\0".encode())
-            digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            digest.update(weights.tensor_bytes(value))
     return digest.hexdigest()
 
 

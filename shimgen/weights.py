@@ -12,6 +12,7 @@ aligned to its element. The header's metadata maps entries to the model's consta
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -120,7 +121,6 @@ def write_from_tensors(constants: list[Constant], values: dict[str, Any], out: P
     """The safetensors file of the constants taken from `values` (weights by name, as the exported program holds them);
     False, and nothing written, where a constant is not among them as a plain tensor of its dtype and shape (Inductor
     made or changed it)."""
-    import torch
 
     stored = [c for c in constants if not c.from_folded]
     if not all(c.plain for c in stored) or not all(c.fqn in values for c in stored):
@@ -130,7 +130,7 @@ def write_from_tensors(constants: list[Constant], values: dict[str, Any], out: P
         value = values[c.fqn]
         if str(value.dtype).removeprefix("torch.") != c.dtype or tuple(value.shape) != c.shape:
             return False
-        data[c.name] = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        data[c.name] = tensor_bytes(value)
     _write(stored, data, out)
     return True
 
@@ -139,7 +139,8 @@ def _write(stored: list[Constant], data: dict[str, bytes], out: Path) -> None:
     aligned = [c for c in stored if c.nbytes % ALIGN == 0]
     rest = sorted((c for c in stored if c.nbytes % ALIGN), key=lambda c: -ITEMSIZE[SAFETENSORS_DTYPES[c.dtype]] if c.typed else -1)
     # By the weight's name, unless several constants come from one weight (Inductor's packed copies of it).
-    entry = {c.name: c.weight if sum(d.weight == c.weight for d in stored) == 1 else c.name for c in stored}
+    uses = collections.Counter(c.weight for c in stored)
+    entry = {c.name: c.weight if uses[c.weight] == 1 else c.name for c in stored}
     header: dict[str, Any] = {}
     offset = 0
     for c in aligned + rest:
@@ -157,6 +158,13 @@ def _write(stored: list[Constant], data: dict[str, bytes], out: Path) -> None:
         for c in aligned + rest:
             f.write(data[c.name])
     tmp.replace(out)
+
+
+def tensor_bytes(tensor: Any) -> bytes:
+    """A tensor's elements as bytes, in row-major order."""
+    import torch
+
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def package_view(constants: list[Constant]) -> list[dict[str, Any]]:
