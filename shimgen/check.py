@@ -12,6 +12,7 @@ from typing import Any
 from .entry import call_model, example_sizes, load_model, make_inputs, project_scope
 from .spec import Graph, ProjectSpec
 from .trace import describe_type, node_parts
+from .variants import specializations
 
 
 @dataclass
@@ -25,13 +26,16 @@ class Comparison:
 
 
 def cases(graph: Graph) -> list[tuple[str, dict[str, int]]]:
-    """(label, dim sizes): the example, then each dim at min, middle, max with the others at their example."""
+    """(label, dim sizes): the example, then each dim at min, middle, max with the others at their example, then each
+    specialized variant's sizes."""
     base = example_sizes(graph)
     out = [("example", base)]
     for name, dim in graph.dims.items():
         middle = (dim.min + dim.max) // 2 // dim.multiple_of * dim.multiple_of
         for size in dict.fromkeys((dim.min, max(dim.min, middle), dim.max)):
             out.append((f"{name}={size}", {**base, name: size}))
+    for sizes in specializations(graph):
+        out.append(("variant " + ",".join(f"{name}={size}" for name, size in sizes.items()), {**base, **sizes}))
     return out
 
 

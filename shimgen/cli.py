@@ -208,6 +208,13 @@ def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
         print(f"  {stage:<10} {seconds:>8.2f}", file=err)
     print(f"  {'elapsed':<10} {result.elapsed:>8.2f}  (stages of several units overlap)"
           if result.elapsed < sum(result.stages.values()) - 0.5 else f"  {'total':<10} {result.elapsed:>8.2f}", file=err)
+    if any(m["variant"] for m in result.models):
+        print("  models (this build's seconds; bytes in the package, a variant's weights those it adds):", file=err)
+        for m in result.models:
+            name = ", ".join(f"{d}={n}" for d, n in m["variant"].items()) if m["variant"] else "dynamic"
+            added = f", weights +{m['weights_bytes'] / 1e6:.1f} MB" if m["weights_bytes"] is not None else ""
+            print(f"    {m['unit']} {name}: trace {m['trace']:.1f}s, codegen {m['codegen']:.1f}s, compile {m['compile']:.1f}s; "
+                  f"library {m['library_bytes'] / 1e6:.1f} MB{added}", file=err)
     if result.slowest_units:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
     for unit, choices in result.kernel_choices.items():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -34,6 +35,7 @@ from . import (
     shared_cache,
     toolchain,
     trace,
+    variants,
     weights,
     workers,
 )
@@ -49,6 +51,7 @@ from .results import (
     Stamp,
     TraceResult,
     Unit,
+    Variant,
     to_json,
     unit_name,
 )
@@ -78,6 +81,7 @@ class BuildOutput:
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
     elapsed: float = 0.0  # seconds from the build's start to its end
+    models: list[dict[str, Any]] = field(default_factory=list)  # each unit's dynamic model and variants: seconds and bytes (_models)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -96,6 +100,7 @@ class BuildOutput:
             "shared_cache": self.shared_cache,
             "timeline": [{"stage": stage, "unit": unit, "start": start, "end": end} for stage, unit, start, end in self.timeline],
             "elapsed": round(self.elapsed, 3),
+            "models": self.models,
         }
 
 
@@ -194,7 +199,7 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
     try:
         spec = load_spec(spec_path)
         layout = Layout.of(spec_path, out.resolve(), spec.project.name)
-        all_units = {unit_name(g, t) for g in spec.graph for t in spec.target}
+        all_units = {name for g in spec.graph for t in spec.target for name, _ in variants.works(g, t)}
         if only is not None:
             picked = matrix.select(spec, only)
             spec = dataclasses.replace(spec, target=[picked.target])
@@ -268,7 +273,8 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
                                      built.launcher, lambda msg: report("ops", msg))
     job = Job(spec, layout, tc, tools, State(layout.state_file, fresh=force), timeline, ops, tuning, shared)
     units = _generate_all(job)
-    job.state.forget_all_but("unit:", {f"unit:{kind}:{u.name}" for u in units for kind in ("trace", "codegen")})
+    job.state.forget_all_but("unit:", {f"unit:{kind}:{name}" for g in spec.graph for t in spec.target for name, _ in variants.works(g, t)
+                                       for kind in ("trace", "codegen")})
     version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
     wheel_key = _wheel_key(job, units, version)
     packaged = _shared_wheel(job, wheel_key) if shared else None
@@ -294,10 +300,39 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
     return BuildOutput(spec.project.name, "+".join(render.target_id(t) for t in spec.target), packaged.wheel, packaged.site,
                        [g.name for g in spec.graph], timeline.seconds, (compiled.units_done, compiled.units_total) if compiled else (0, 0),
                        sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5] if compiled else [], timeline.skipped, launcher,
-                       {u.name: u.code.kernel_choices for u in units if u.code.kernel_choices},
+                       {name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
                        [matrix.BuildId(tc.python_version, tc.torch_version, _torch_cuda(spec) if t.device == "cuda" else None,
                                        t).identifier for t in spec.target], _shared_summary(shared), timeline.events,
-                       time.time() - timeline.started)
+                       time.time() - timeline.started, _models(spec.project.name, units, timeline, compiled, packaged.site))
+
+
+def _models(package: str, units: list[Unit], timeline: Timeline, compiled: CompileResult | None, site: Path) -> list[dict[str, Any]]:
+    """Per unit, its dynamic model and each specialized variant: what this build spent on it (trace, codegen, and compile
+    seconds, each output counted for the longest model name it holds) and its bytes in the package (a variant's weights:
+    those the file holds for it alone)."""
+    works = [name for u in units for name, _ in u.generated]
+
+    def owner(output: str) -> str | None:
+        held = [w for w in works if re.search(rf"{re.escape(w)}(?!\d)", output)]
+        return max(held, key=len) if held else None
+
+    compile_seconds: dict[str, float] = {}
+    for output, seconds in (compiled.unit_seconds.items() if compiled else ()):
+        work = owner(output)
+        if work:
+            compile_seconds[work] = compile_seconds.get(work, 0.0) + seconds
+    models = []
+    for u in units:
+        weights_file = site / package / f"{u.name}.safetensors"
+        for (work, _), variant in zip(u.generated, (None, *u.variants), strict=True):
+            library = next(iter((site / package).glob(f"_{u.name}.*.so")), None) if variant is None else site / package / f"{u.library(variant)}.so"
+            stages = {stage: round(sum(end - start for name, unit, start, end in timeline.events if name == stage and unit == work), 3)
+                      for stage in ("trace", "codegen")}
+            models.append({"unit": u.name, "variant": dict(variant.sizes) if variant else None, **stages,
+                           "compile": round(compile_seconds.get(work, 0.0), 3),
+                           "library_bytes": library.stat().st_size if library and library.is_file() else 0,
+                           "weights_bytes": weights.variant_bytes(weights_file, variant.name) if variant and weights_file.is_file() else None})
+    return models
 
 
 def _shared_summary(shared: SharedCache | None) -> dict[str, Any] | None:
@@ -346,16 +381,17 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
 
 
 def _generate_all(job: Job) -> list[Unit]:
-    """Every graph on every target traced and generated, or taken from the last build (or the shared cache) where up to
-    date. The traces to make run at once in worker processes, then the codegens (shimgen/workers.py)."""
+    """Every graph on every target traced and generated, its dynamic code and each specialized variant, or taken from the
+    last build (or the shared cache) where up to date. The traces to make run at once in worker processes, then the
+    codegens (shimgen/workers.py)."""
     spec, layout, state = job.spec, job.layout, job.state
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
-    pairs = [(i, g, t) for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, g in enumerate(spec.graph)]
-    graphs = {unit_name(g, t): g for _, g, t in pairs}
+    works = [(name, i, g, t, sizes) for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, g in enumerate(spec.graph)
+             for name, sizes in variants.works(g, t)]
     traced: dict[str, TraceResult] = {}
     to_trace = []
-    for i, graph, target in pairs:
-        name = unit_name(graph, target)
+    for name, i, graph, target, sizes in works:
+        graph = variants.traced_graph(graph, sizes)
         key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
         found = _known_trace(job, name, key)
         if found is not None:
@@ -371,15 +407,14 @@ def _generate_all(job: Job) -> list[Unit]:
         _store_trace(job, result)
 
     _run(job, "trace", to_trace, workers.run_trace, record_trace)
-    units: dict[str, Unit] = {}
+    code: dict[str, CodegenResult] = {}
     to_generate: list[tuple[str, workers.CodegenTask]] = []
-    for i, graph, target in pairs:
-        name = unit_name(graph, target)
+    for name, i, _, target, _ in works:
         locked = {} if job.tuning.retune else job.tuning.locked.get(lockfile.section(name, job.tc.torch_version), {})
         key = codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version)
         generated = _known_codegen(job, name, traced[name], key)
         if generated is not None:
-            units[name] = Unit(graph, target, generated)
+            code[name] = generated
             continue
         _require_gpu(spec, target, job)
         to_generate.append((name, workers.CodegenTask(traced[name], target, spec.flags, job.tools().tc.cxx, layout.root / "codegen" / name,
@@ -395,10 +430,11 @@ def _generate_all(job: Job) -> list[Unit]:
         if job.shared:
             for shared_key in {task.key, generated.key}:  # found by a machine with this lockfile and by one with the next
                 shared_cache.store(job.shared, "codegen", shared_key, generated, {"ROOT": task.out_dir})
-        units[name] = Unit(graphs[name], task.target, generated)
+        code[name] = generated
 
     _run(job, "codegen", to_generate, workers.run_codegen, record_codegen)
-    return [units[unit_name(g, t)] for t in spec.target for g in spec.graph]
+    return [Unit(g, t, code[unit_name(g, t)], tuple(Variant(tuple(sizes.items()), code[name]) for name, sizes in variants.works(g, t)[1:]))
+            for t in spec.target for g in spec.graph]
 
 
 def _run(job: Job, stage: str, tasks: list[tuple[str, Any]], work: Callable[..., Any], done: Callable[[str, Any, float, float], None]) -> None:
@@ -479,7 +515,8 @@ def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
     """What the wheel is made of, with no path of this machine: the shared cache's key for it."""
     spec, tc = job.spec, job.tc
     ops = [(p.name, file_hash(p)) for p in job.ops.libraries] if job.ops else []
-    return stage_key(version, [u.code.key for u in units], ops, [op.module for op in spec.custom_op], spec.project, spec.flags, spec.runtime,
+    code_keys = [(name, code.key) for u in units for name, code in u.generated]
+    return stage_key(version, code_keys, ops, [op.module for op in spec.custom_op], spec.project, spec.flags, spec.runtime,
                      tc.cxx_identity, tc.python_version, tc.torch_version, meson.source_date_epoch(), render.templates_hash(),
                      [source_hash(m) for m in (render, package, meson, prebuilt, probe, proxy_executor)])
 
@@ -506,7 +543,7 @@ def _shared_wheel(job: Job, key: str) -> PackageResult | None:
 
 def _update_lockfile(job: Job, units: list[Unit]) -> None:
     torch = job.tc.torch_version
-    written = {lockfile.section(u.name, torch): (u.code.autotune_timings, u.code.kernel_choices) for u in units}
+    written = {lockfile.section(name, torch): (code.autotune_timings, code.kernel_choices) for u in units for name, code in u.generated}
     keep = {lockfile.section(unit, version) for unit in job.tuning.all_units
             for version in {torch, *(s.rpartition(" torch")[2] for s in job.tuning.locked)}}
     if lockfile.update(job.layout.lock_path, written, keep - set(written)):

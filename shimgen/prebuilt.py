@@ -21,7 +21,7 @@ from .toolchain import Toolchain, cache_dir
 
 def ensure(tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiting: Callable[[str], None] | None = None) -> Prebuilt:
     """The prebuilt pieces for `target`, whose `units` must share one runtime interface."""
-    interfaces = {u.code.interface.read_bytes() for u in units}
+    interfaces = {code.interface.read_bytes() for u in units for _, code in u.generated}
     if len(interfaces) != 1:
         raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
     interface = interfaces.pop()

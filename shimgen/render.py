@@ -13,9 +13,9 @@ from typing import Any
 
 import jinja2
 
-from . import escape, proxy_executor, weights
+from . import escape, proxy_executor, variants, weights
 from .files import write_if_changed
-from .results import OBJECT, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit
+from .results import OBJECT, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit, Variant
 from .spec import Flags, Graph, ProjectSpec, Target
 from .spec.model import SCALAR_TYPES
 from .toolchain import Toolchain, cache_dir
@@ -101,25 +101,38 @@ def render_project(
     target_ids = " and ".join(target_id(t) for t in spec.target)
     unit_context = []
     for u in units:
-        src = out / "src" / u.name
-        code = u.code
-        for path in (code.model, code.weights, *code.kernels, *code.ptx):
-            files[src / path.name] = path.read_bytes()
-        if code.weights_file:
-            files[src / f"{u.name}.safetensors"] = code.weights_file.read_bytes()
-        for path in code.triton:
-            files[src / "triton" / path.name] = path.read_bytes()
-        cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
-        if code.extern_nodes:
-            nodes = proxy_executor.extern_nodes(json.loads(code.extern_nodes.read_text()))
-            files[src / "proxy_executor.cpp"] = env.get_template("project/proxy_executor.cpp.j2").render(graph=u.graph.name, nodes=nodes)
-        files[src / "binding.cpp"] = binding.render(_binding_context(u, tc, spec, target_ids, cuda_graphs))
-        unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "kernels": [p.name for p in code.kernels],
-                             "cuda_kernels": [p.stem for p in code.ptx], "triton": [p.name for p in code.triton], "cuda_graphs": cuda_graphs,
-                             "proxy_executor": code.extern_nodes is not None,
-                             "weights_file": f"{u.name}.safetensors" if code.weights_file else None,
-                             "constants": weights.package_view(weights.read_constants(code.constants)) if code.constants else [],
-                             "unused_weights": list(code.unused_weights)})
+        models = []
+        for (work, code), variant in zip(u.generated, (None, *u.variants), strict=True):
+            src = out / "src" / work
+            for path in (code.model, code.weights, *code.kernels, *code.ptx):
+                files[src / path.name] = path.read_bytes()
+            for path in code.triton:
+                files[src / "triton" / path.name] = path.read_bytes()
+            if code.extern_nodes:
+                nodes = proxy_executor.extern_nodes(json.loads(code.extern_nodes.read_text()))
+                files[src / "proxy_executor.cpp"] = env.get_template("project/proxy_executor.cpp.j2").render(graph=u.graph.name, nodes=nodes)
+            if variant is not None:
+                files[src / "variant.cpp"] = env.get_template("project/variant.cpp.j2").render(
+                    graph=u.graph.name, sizes=_label(variant), device=u.target.device, proxy_executor=code.extern_nodes is not None,
+                    has_last_error=tc.has_last_error)
+            models.append({"dir": work, "library": u.library(variant) if variant else None, "label": _label(variant) if variant else "",
+                           "kernels": [p.name for p in code.kernels], "cuda_kernels": [p.stem for p in code.ptx],
+                           "triton": [p.name for p in code.triton], "proxy_executor": code.extern_nodes is not None})
+        if u.code.weights_file:
+            dynamic = u.code.weights_file
+            files[out / "src" / u.name / f"{u.name}.safetensors"] = weights.merged(dynamic, [(v.name, v.code.weights_file) for v in u.variants
+                                                                                              if v.code.weights_file]) \
+                if u.variants else dynamic.read_bytes()
+        context = _binding_context(u, tc, spec, target_ids)
+        files[out / "src" / u.name / "binding.cpp"] = binding.render(context)
+        files[out / "src" / u.name / "variants.cpp"] = env.get_template("project/variants.cpp.j2").render(context)
+        unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "models": models,
+                             "weights_file": f"{u.name}.safetensors" if u.code.weights_file else None,
+                             "constants": weights.package_view(weights.read_constants(u.code.constants)) if u.code.constants else [],
+                             "unused_weights": list(u.code.unused_weights),
+                             "variants": [{"name": v.name, "label": _label(v), "library": f"{u.library(v)}.so",
+                                           "constants": weights.package_view(weights.read_constants(v.code.constants)) if v.code.constants else []}
+                                          for v in u.variants]})
     libraries = []
     if ops:
         for entry, path in zip([i for i, op in enumerate(spec.custom_op) if op.sources], ops.libraries, strict=True):
@@ -163,11 +176,12 @@ def render_project(
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
     # Devices and names only: the manifest holds no path of the build machine.
     package = {**{k: context[k] for k in INIT_CONTEXT}, "targets": [{"device": t["device"]} for t in targets],
-               "units": [{k: u[k] for k in ("name", "graph", "device", "weights_file", "constants", "unused_weights")} for u in unit_context]}
+               "units": [{k: u[k] for k in ("name", "graph", "device", "weights_file", "constants", "unused_weights", "variants")}
+                         for u in unit_context]}
     files[out / name / "__init__.py"] = render_init(package)
     files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"
     files[out / name / "_shimgen_weights.py"] = (TEMPLATES / "project" / "_shimgen_weights.py").read_text()
-    runtime = ["shimgen_runtime.h", "shimgen_weights.h", "shimgen_model_constants.h"]
+    runtime = ["shimgen_runtime.h", "shimgen_weights.h", "shimgen_model_constants.h", "shimgen_model_api.h", "shimgen_variants.h"]
     runtime += (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
     for runtime_file in runtime:
         files[out / "src" / runtime_file] = (TEMPLATES / "project" / runtime_file).read_text()
@@ -208,9 +222,10 @@ def _op_modules(spec: ProjectSpec, units: list[Unit]) -> list[dict[str, str]]:
             for m, g in modules.items()]
 
 
-def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str, cuda_graphs: bool) -> dict[str, Any]:
+def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str) -> dict[str, Any]:
     graph = u.graph
     dim_index = {name: k for k, name in enumerate(graph.dims)}
+    cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
     inputs = []
     for inp in graph.inputs:
         dims_text = ", ".join(str(s) for s in inp.shape)
@@ -237,17 +252,23 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str,
         "max_object_args": max([1] + [n.arity + len(n.type.dropped) for n in u.code.out_nodes if n.type]),
         "num_outputs": u.code.num_outputs,
         "dtypes": [{"scalar_type": scalar, "name": f"torch.{dtype}"} for dtype, scalar in SCALAR_TYPES.items()],
-        # A captured graph replays one model instance; more would only hold more memory.
-        "num_models": 1 if cuda_graphs else spec.runtime.instances,
+        "instances": spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
         "has_last_error": tc.has_last_error,
         "proxy_executor": u.code.extern_nodes is not None,
         "weights_in_file": u.code.weights_file is not None,
-        "docstring": docstring(graph, u.code.out_nodes, 1 if cuda_graphs else spec.runtime.instances, u.target.device == "cpu"),
+        "variants": [{"label": _label(v), "library": f"{u.library(v)}.so", "dim_sizes": [dict(v.sizes).get(name, -1) for name in graph.dims],
+                      "captured": cuda_graphs and variants.fully_static(graph, dict(v.sizes))} for v in u.variants],
+        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, u.target.device == "cpu", cuda_graphs),
     }
 
 
-def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | None = None, cpu: bool = False) -> str:
+def _label(variant: Variant) -> str:
+    """batch=1, seq=128"""
+    return ", ".join(f"{dim}={size}" for dim, size in variant.sizes)
+
+
+def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | None = None, cpu: bool = False, cuda_graphs: bool = False) -> str:
     """The callable's docstring; `instances` and `cpu` add how calls share threads."""
     positional = [i.name for i in graph.inputs if not i.keyword]
     keyword = [i.name for i in graph.inputs if i.keyword]
@@ -259,10 +280,18 @@ def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | Non
         lines.append(f"  {inp.name}: {inp.dtype}[{shape}]{layout}")
     if graph.dims:
         lines.append("Dynamic dims:")
-        lines += [f"  {name}: {d.min}..{d.max}" for name, d in graph.dims.items()]
+        lines += [f"  {name}: {d.min}..{d.max}" + (f", specialized for {', '.join(map(str, d.specialize))}" if d.specialize else "")
+                  for name, d in graph.dims.items()]
+    specialized = variants.specializations(graph)
+    if specialized:
+        captured = " (replayed from CUDA graphs)" if cuda_graphs and variants.fully_static(graph, specialized[0]) else ""
+        lines.append(f"Specialized variants{captured}, each compiled for its sizes; other sizes run the dynamic code:")
+        lines.append("  " + "; ".join(", ".join(f"{dim}={size}" for dim, size in sizes.items()) for sizes in specialized))
     if cpu:
         lines.append("Threads: CPU kernels run on as many threads as torch.get_num_threads() gives in the calling thread at the "
                      "call (torch.set_num_threads); one thread runs them without an OpenMP team.")
+    if instances and cuda_graphs and not graph.dims:
+        instances = 1
     if instances:
         lines.append(f"Calls from {instances} Python threads run at once, each on its own model instance (the GIL is "
                      "released); further calls wait for an instance.")

@@ -130,20 +130,49 @@ class CodegenResult:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A graph compiled for sizes its spec specializes (dims.<name>.specialize): a library of its own, `_<unit>__<name>.so`,
+    that the unit's extension loads and calls for inputs of those sizes."""
+
+    sizes: tuple[tuple[str, int], ...]  # (dim, size) in the graph's order of dims
+    code: CodegenResult
+
+    @property
+    def name(self) -> str:
+        return variant_name(dict(self.sizes))
+
+
+@dataclass(frozen=True)
 class Unit:
-    """One graph compiled for one target: its codegen dir, its sources dir and extension module `_<name>`."""
+    """One graph compiled for one target: its codegen dir, its sources dir and extension module `_<name>`, which holds the
+    dynamic code and dispatches to the specialized variants."""
 
     graph: Graph
     target: Target
     code: CodegenResult
+    variants: tuple[Variant, ...] = ()
 
     @property
     def name(self) -> str:
         return unit_name(self.graph, self.target)
 
+    @property
+    def generated(self) -> list[tuple[str, CodegenResult]]:
+        """The dynamic code and each variant's, by the name of their trace and codegen (shimgen/variants.py's works)."""
+        return [(self.name, self.code)] + [(f"{self.name}__{v.name}", v.code) for v in self.variants]
+
+    def library(self, variant: Variant) -> str:
+        """The variant's library name, without its suffix."""
+        return f"_{self.name}__{variant.name}"
+
 
 def unit_name(graph: Graph, target: Target) -> str:
     return f"{graph.name}_{target.device}"
+
+
+def variant_name(sizes: dict[str, int]) -> str:
+    """batch1_seq128: unique within a graph, whose dims are fixed and end where the digits do."""
+    return "_".join(f"{dim}{size}" for dim, size in sizes.items())
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -136,28 +137,86 @@ def write_from_tensors(constants: list[Constant], values: dict[str, Any], out: P
 
 
 def _write(stored: list[Constant], data: dict[str, bytes], out: Path) -> None:
-    aligned = [c for c in stored if c.nbytes % ALIGN == 0]
-    rest = sorted((c for c in stored if c.nbytes % ALIGN), key=lambda c: -ITEMSIZE[SAFETENSORS_DTYPES[c.dtype]] if c.typed else -1)
     # By the weight's name, unless several constants come from one weight (Inductor's packed copies of it).
     uses = collections.Counter(c.weight for c in stored)
     entry = {c.name: c.weight if uses[c.weight] == 1 else c.name for c in stored}
+    entries = [_Entry(entry[c.name], SAFETENSORS_DTYPES[c.dtype] if c.typed else "U8", list(c.shape) if c.typed else [c.nbytes], data[c.name])
+               for c in stored]
+    metadata = {"format": FORMAT, "constants": json.dumps({entry[c.name]: c.name for c in stored}, sort_keys=True),
+                "raw": json.dumps({entry[c.name]: {"dtype": c.dtype, "shape": list(c.shape), "layout": c.layout} for c in stored if not c.typed},
+                                  sort_keys=True)}
+    write_bytes(out, _encode(entries, metadata))
+
+
+@dataclass(frozen=True)
+class _Entry:
+    name: str
+    dtype: str  # safetensors'
+    shape: list[int]
+    data: bytes
+
+
+def _encode(entries: list[_Entry], metadata: dict[str, str]) -> bytes:
+    """A safetensors file: the data starts 64-byte aligned, entries of a size that is a multiple of 64 first, then the others
+    largest element first, with no holes."""
+    aligned = [e for e in entries if len(e.data) % ALIGN == 0]
+    rest = sorted((e for e in entries if len(e.data) % ALIGN), key=lambda e: -ITEMSIZE[e.dtype])
     header: dict[str, Any] = {}
     offset = 0
-    for c in aligned + rest:
-        header[entry[c.name]] = {"dtype": SAFETENSORS_DTYPES[c.dtype] if c.typed else "U8", "shape": list(c.shape) if c.typed else [c.nbytes],
-                           "data_offsets": [offset, offset + c.nbytes]}
-        offset += c.nbytes
-    header["__metadata__"] = {"format": FORMAT, "constants": json.dumps({entry[c.name]: c.name for c in stored}, sort_keys=True),
-                              "raw": json.dumps({entry[c.name]: {"dtype": c.dtype, "shape": list(c.shape), "layout": c.layout}
-                                                 for c in stored if not c.typed}, sort_keys=True)}
+    for e in aligned + rest:
+        header[e.name] = {"dtype": e.dtype, "shape": e.shape, "data_offsets": [offset, offset + len(e.data)]}
+        offset += len(e.data)
+    header["__metadata__"] = metadata
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-(8 + len(text)) % ALIGN)  # the data starts 64-byte aligned
+    return b"".join([struct.pack("<Q", len(text)), text, *(e.data for e in aligned + rest)])
+
+
+def _decode(data: bytes) -> tuple[list[_Entry], dict[str, str]]:
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    start = 8 + length
+    entries = [_Entry(name, e["dtype"], e["shape"], data[start + e["data_offsets"][0]:start + e["data_offsets"][1]])
+               for name, e in header.items() if name != "__metadata__"]
+    return sorted(entries, key=lambda e: header[e.name]["data_offsets"][0]), header.get("__metadata__", {})
+
+
+def write_bytes(out: Path, data: bytes) -> None:
     tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text)
-        for c in aligned + rest:
-            f.write(data[c.name])
+    tmp.write_bytes(data)
     tmp.replace(out)
+
+
+def merged(dynamic: Path, variants: list[tuple[str, Path]]) -> bytes:
+    """One weights file for a graph's dynamic code and its specialized variants, from the file of each: the dynamic
+    code's entries as they are, then each tensor of a variant the file does not hold yet (`<variant>/<entry>`). The
+    metadata maps each variant's constants to entries (`variants`)."""
+    entries, metadata = _decode(dynamic.read_bytes())
+    held = {(e.dtype, tuple(e.shape), hashlib.sha256(e.data).digest()): e.name for e in entries}
+    raw = json.loads(metadata.get("raw", "{}"))
+    to_entry: dict[str, dict[str, str]] = {}
+    for variant, path in variants:
+        own, own_metadata = _decode(path.read_bytes())
+        own_raw = json.loads(own_metadata.get("raw", "{}"))
+        constant_of = json.loads(own_metadata["constants"])
+        to_entry[variant] = {}
+        for e in own:
+            key = (e.dtype, tuple(e.shape), hashlib.sha256(e.data).digest())
+            if key not in held:
+                held[key] = f"{variant}/{e.name}"
+                entries.append(dataclasses.replace(e, name=held[key]))
+                if e.name in own_raw:
+                    raw[held[key]] = own_raw[e.name]
+            to_entry[variant][constant_of[e.name]] = held[key]
+    return _encode(entries, {**metadata, "raw": json.dumps(raw, sort_keys=True), "variants": json.dumps(to_entry, sort_keys=True)})
+
+
+def variant_bytes(path: Path, variant: str) -> int:
+    """Bytes of the tensors a weights file holds for `variant` alone (those the dynamic code and earlier variants lack)."""
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return sum(e["data_offsets"][1] - e["data_offsets"][0] for name, e in header.items() if name.startswith(f"{variant}/"))
 
 
 def tensor_bytes(tensor: Any) -> bytes:

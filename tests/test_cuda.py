@@ -314,3 +314,45 @@ def test_load_weights_on_cuda_recaptures_the_cuda_graph(workdir: Path, tmp_path:
             torch.testing.assert_close(package.mlp(x), model(x), rtol=1e-4, atol=1e-5)
         package.load_weights({k: v.cpu() for k, v in model.state_dict().items()}, graphs=["mlp"])
         torch.testing.assert_close(package.mlp(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_specialized_variants_on_cuda_are_captured_and_share_weights(workdir: Path, tmp_path: Path) -> None:
+    """Batch 1 and 8 run captured static variants, other batches the dynamic code; the GPU holds one copy of the weights
+    for all three, and load_weights reaches each."""
+    spec = tmp_path / "cuda_variants.toml"
+    spec.write_text((workdir / "projects" / "gpu_graphs.toml").read_text()
+                    .replace('name = "gpu_graphs"', 'name = "cuda_variants"')
+                    .replace("kwargs = { width = 32, depth = 8 }", "kwargs = { width = 256, depth = 8 }")
+                    .replace('inputs = [{ name = "x", shape = [4, 32] }]',
+                             'inputs = [{ name = "x", shape = ["batch", 256] }]\ndims = { batch = { min = 1, max = 16, specialize = [1, 8] } }')
+                    .replace('{ name = "x", shape = [4, 32] },', '{ name = "x", shape = ["batch", 32] },').replace(
+                        '{ name = "scale", shape = [32], keyword = true },\n]',
+                        '{ name = "scale", shape = [32], keyword = true },\n]\ndims = { batch = { min = 1, max = 16, specialize = [2] } }')
+                    + "freezing = false\n")
+    (tmp_path / "models").symlink_to(workdir / "projects" / "models")
+    summary = build_json(spec, tmp_path)
+    package = import_package(summary)
+    model, _ = eager(spec, 0, "cuda")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    extension = package._mlp_cuda
+    with torch.no_grad():
+        x = torch.randn(1, 256, device="cuda")
+        before = torch.cuda.memory_allocated()
+        package.mlp(x)  # the first call loads the three models and copies the weights file to the GPU
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() - before < 1.5 * weights  # one copy, not one per model
+        for batch, variant in ((1, "batch=1"), (3, ""), (8, "batch=8"), (16, "")):
+            x = torch.randn(batch, 256, device="cuda")
+            assert extension._variant_mlp(x) == variant
+            outs = [package.mlp(x) for _ in range(3)]  # replays return fresh tensors
+            for out in outs:
+                torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+        for p in model.parameters():
+            p.mul_(-0.5)
+        package.load_weights({k: v.cpu() for k, v in model.state_dict().items()}, graphs="mlp")
+        for batch in (1, 3, 8):
+            x = torch.randn(batch, 256, device="cuda")
+            torch.testing.assert_close(package.mlp(x), model(x), rtol=1e-4, atol=1e-5)
+        heads, (hx, scale) = eager(spec, 1, "cuda", {"batch": 2})
+        assert package._heads_cuda._variant_heads(hx, scale=scale) == "batch=2"
+        torch.testing.assert_close(package.heads(hx, scale=scale), heads(hx, scale=scale), rtol=1e-4, atol=1e-4)

@@ -58,7 +58,8 @@ CASES = [
     ("tma before hopper", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_80", "sm_90"]\n[flags]\ntma = true\n',
      "flags.tma: TMA needs Hopper or newer (sm_90+); the cuda target lists sm_80"),
     ("cuda graphs dynamic", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n[flags]\ncuda_graphs = true\n',
-     "flags.cuda_graphs: CUDA graphs replay one static shape; graph[0] 'forward' has dynamic dims (batch)"),
+     "flags.cuda_graphs: CUDA graphs replay one static shape; graph[0] 'forward' has dynamic dims (batch): list the sizes to capture in "
+     "dims.batch.specialize (the dynamic variant then runs uncaptured)"),
     ("arch twice", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90", "sm_90"]\n', "target[0].archs[1]: 'sm_90' is listed twice"),
     ("bad arch", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["hopper"]\n',
      "target[0].archs[0]: 'hopper' is not a CUDA arch such as 'sm_90'"),
@@ -116,6 +117,13 @@ CASES = [
      "graph[0].dims.batch.max: max 6 is not a multiple of 4 (multiple_of); use 8"),
     ("example not multiple", dims("{ min = 4, max = 16, multiple_of = 4, example = 6 }"),
      "graph[0].dims.batch.example: example 6 is not a multiple of 4 (multiple_of); use 4 or 8"),
+    ("specialize outside", dims("{ max = 8, specialize = [1, 9] }"), "graph[0].dims.batch.specialize[1]: size 9 is outside [1, 8]"),
+    ("specialize not multiple", dims("{ min = 4, max = 16, multiple_of = 4, specialize = [6] }"),
+     "graph[0].dims.batch.specialize[0]: specialize[0] 6 is not a multiple of 4 (multiple_of); use 4 or 8"),
+    ("specialize twice", dims("{ max = 8, specialize = [2, 2] }"), "graph[0].dims.batch.specialize[1]: size 2 is listed twice"),
+    ("too many variants", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["batch", "width"]').replace(
+        "{ min = 1, max = 8 }", "{ min = 1, max = 8, specialize = [1, 2, 3, 4, 5] }, width = { min = 1, max = 64, specialize = [8, 16, 32, 64] }"),
+     "graph[0].dims: 5 (batch) x 4 (width) = 20 specialized variants; at most 16 per graph, each a compiled copy of the model: list fewer sizes"),
     ("example below 2", dims("{ max = 8, example = 1 }"),
      "graph[0].dims.batch.example: example 1 is below 2 (torch.export specializes sizes 0 and 1)"),
     ("example outside", dims("{ max = 8, example = 9 }"), "graph[0].dims.batch.example: example 9 is outside [1, 8]"),

@@ -16,7 +16,19 @@ from typing import Any, Literal
 from packaging.version import InvalidVersion, Version
 
 from ..errors import SpecError
-from .model import DIM_SIZE_LIMIT, EXAMPLE_BYTES_LIMIT, INSTANCES_LIMIT, NAME_LIMIT, VERSION_LIMIT, Dim, Graph, Input, ProjectSpec, Target
+from .model import (
+    DIM_SIZE_LIMIT,
+    EXAMPLE_BYTES_LIMIT,
+    INSTANCES_LIMIT,
+    NAME_LIMIT,
+    VARIANTS_LIMIT,
+    VERSION_LIMIT,
+    Dim,
+    Graph,
+    Input,
+    ProjectSpec,
+    Target,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -254,6 +266,11 @@ def _validate_graph(graph: Graph, where: str) -> None:
         if name not in used_dims:
             raise SpecError("", dw, "not used by any input shape")
         _validate_dim(name, dim, dw)
+    count = math.prod(len(dim.specialize) for dim in graph.dims.values() if dim.specialize)
+    if count > VARIANTS_LIMIT:
+        lists = " x ".join(f"{len(d.specialize)} ({name})" for name, d in graph.dims.items() if d.specialize)
+        raise SpecError("", f"{where}.dims", f"{lists} = {count} specialized variants; at most {VARIANTS_LIMIT} per graph, each a compiled "
+                        "copy of the model: list fewer sizes")
     _check_example_bytes(graph, where, defaulted)
     for k, pattern in enumerate(graph.depends):
         if not pattern or pattern.startswith(("/", "~")):
@@ -319,6 +336,12 @@ def _validate_dim(name: str, dim: Dim, dw: str) -> None:
                         f"max {dim.max} is beyond {DIM_SIZE_LIMIT} (2**63 - 2), the largest dim size torch.export supports (sys.maxsize - 1)")
     _multiple(dim.min, step, f"{dw}.min", 1)
     _multiple(dim.max, step, f"{dw}.max", dim.min + 1)
+    for k, size in enumerate(dim.specialize):
+        if not dim.min <= size <= dim.max:
+            raise SpecError("", f"{dw}.specialize[{k}]", f"size {size} is outside [{dim.min}, {dim.max}]")
+        _multiple(size, step, f"{dw}.specialize[{k}]", dim.min, dim.max)
+        if dim.specialize.index(size) != k:
+            raise SpecError("", f"{dw}.specialize[{k}]", f"size {size} is listed twice")
     if dim.example is None:
         dim.example = max(2, dim.min, (dim.min + dim.max) // 2 // step * step)
         return
@@ -417,9 +440,11 @@ def _validate_flags(spec: ProjectSpec) -> None:
             raise SpecError("", "flags.tma", f"TMA needs Hopper or newer (sm_90+); the cuda target lists {', '.join(without)}")
     if flags.cuda_graphs:
         for i, graph in enumerate(spec.graph):
-            if graph.dims:
+            loose = [name for name, dim in graph.dims.items() if not dim.specialize]
+            if loose:
                 raise SpecError("", "flags.cuda_graphs",
-                                f"CUDA graphs replay one static shape; graph[{i}] '{graph.name}' has dynamic dims ({', '.join(graph.dims)})")
+                                f"CUDA graphs replay one static shape; graph[{i}] '{graph.name}' has dynamic dims ({', '.join(loose)}): list "
+                                f"the sizes to capture in dims.{loose[0]}.specialize (the dynamic variant then runs uncaptured)")
 
 
 CXX_SUFFIXES = (".cpp", ".cc", ".cxx")

@@ -19,6 +19,7 @@ OptLevel = Literal["O0", "O1", "O2", "O3", "Os"]
 DIM_SIZE_LIMIT = 2**63 - 2  # torch.export's largest dim size (sys.maxsize - 1; it checks derived dims against it)
 EXAMPLE_BYTES_LIMIT = 2**32  # example inputs allocated by tracing and `shimgen check`
 INSTANCES_LIMIT = 1024
+VARIANTS_LIMIT = 16  # specialized variants per graph: each is a compiled copy of the model
 NAME_LIMIT = 100  # project and graph names name files and directories, whose names stop at 255 bytes
 VERSION_LIMIT = 64  # the version is part of the wheel's file name too
 
@@ -67,6 +68,14 @@ class Dim:
         "Sizes must be a multiple of this (for models whose kernels or reshapes need it); checked on every call. "
         "min, max and example must be multiples of it.",
         default=1,
+    )
+    specialize: list[int] = doc(
+        "Sizes to build a static variant for, in the same package: a call at one of them runs code compiled for that size "
+        "(as fast as a package built for it alone), other sizes run the dynamic code. Where several dims list sizes, "
+        f"every combination is a variant (at most {VARIANTS_LIMIT} per graph). Each within [min, max] and a multiple of "
+        "multiple_of. Variants share the weights file; each adds its code and the weights Inductor derives for its sizes "
+        "(freezing).",
+        default_factory=list,
     )
 
 
@@ -194,7 +203,8 @@ class Flags:
     )
     cuda_graphs: bool = doc(
         "CUDA only, static shapes: the binding captures the model into a CUDA graph on the first call and "
-        "replays it on later calls, copying inputs in and outputs out (returned tensors are never reused).",
+        "replays it on later calls, copying inputs in and outputs out (returned tensors are never reused). A graph "
+        "with dynamic dims captures its specialized variants whose every dim is specialized (dims.<name>.specialize).",
         default=False,
     )
 

@@ -55,49 +55,63 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 
 class Unit:
-    """One graph on one target: its extension and the constants of its model."""
+    """One graph on one target: its extension, and the constants of each of its models (the dynamic one, then each
+    specialized variant)."""
 
     def __init__(self, package: str, directory: str, unit: dict[str, Any], freezing: bool) -> None:
         self.name, self.graph, self.device, self.freezing = unit["name"], unit["graph"], unit["device"], freezing
         self.module = importlib.import_module(f"{package}._{self.name}")
-        self.constants: list[dict[str, Any]] = unit["constants"]
+        self.models: list[tuple[str, list[dict[str, Any]]]] = [("", unit["constants"])]
+        self.models += [(v["name"], v["constants"]) for v in unit.get("variants", ())]
         self.unused = set(unit.get("unused_weights", ()))  # the model's weights the compiled graph does not read
         self.file = os.path.join(directory, unit["weights_file"]) if unit.get("weights_file") else None
 
-    def from_file(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list[torch.Tensor] | None:
-        """The bytes of each constant in a shimgen weights file (this build's, or another build's of the same graph), or
-        None where the file does not hold this model's constants."""
-        by_constant = {constant: entry for entry, constant in json.loads(metadata.get("constants", "{}")).items()}
+    @property
+    def constants(self) -> list[dict[str, Any]]:
+        return [c for _, constants in self.models for c in constants]
+
+    def from_file(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list[list[torch.Tensor]] | None:
+        """The bytes of each model's constants in a shimgen weights file (this build's, or another build's of the same
+        graph), or None where the file does not hold them all."""
+        variants = json.loads(metadata.get("variants", "{}"))
         given = []
-        for c in self.constants:
-            entry = by_constant.get(c["name"])
-            if entry not in tensors or _as_bytes(tensors[entry]).numel() != c["nbytes"]:
+        for variant, constants in self.models:
+            to_entry = variants.get(variant) if variant else {c: e for e, c in json.loads(metadata.get("constants", "{}")).items()}
+            if to_entry is None:
                 return None
-            given.append(_as_bytes(tensors[entry]))
+            given.append([])
+            for c in constants:
+                entry = to_entry.get(c["name"])
+                if entry not in tensors or _as_bytes(tensors[entry]).numel() != c["nbytes"]:
+                    return None
+                given[-1].append(_as_bytes(tensors[entry]))
         return given
 
-    def plan(self, state: Mapping[str, Any]) -> list[torch.Tensor | None]:
-        """The bytes of each constant taken from `state` (None: keeps its value), checked."""
-        given: list[torch.Tensor | None] = []
+    def plan(self, state: Mapping[str, Any]) -> list[list[torch.Tensor | None]]:
+        """The bytes of each model's constants taken from `state` (None: keeps its value), checked; one copy of each weight
+        for all models."""
         derived = [c["fqn"] for c in self.constants if not c["plain"]]
         if derived:
-            raise WeightsError(self._derived(derived))
+            raise WeightsError(self._derived(list(dict.fromkeys(derived))))
+        copies: dict[str, torch.Tensor | None] = {}
         for c in self.constants:
-            value = state.get(c["fqn"])
-            if value is None:
-                if c["kind"] == "Parameter":  # buffers and constants left out keep their values
-                    raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is missing")
-                given.append(None)
-                continue
-            if not isinstance(value, torch.Tensor):
-                raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is a {type(value).__name__}, not a tensor")
-            if str(value.dtype).removeprefix("torch.") != c["dtype"] or tuple(value.shape) != tuple(c["shape"]):
-                raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is {str(value.dtype).removeprefix('torch.')}{list(value.shape)}, "
-                                   f"the compiled model's is {c['dtype']}{list(c['shape'])}")
-            device = "cpu" if self.device == "cpu" or not value.is_cuda else value.device
-            # A copy: the model must not see later in-place changes to the caller's tensors (an optimizer step).
-            given.append(_as_bytes(value.detach().to(device, copy=True, memory_format=torch.contiguous_format)))
-        return given
+            if c["fqn"] not in copies:
+                copies[c["fqn"]] = self._copy(c, state.get(c["fqn"]))
+        return [[copies[c["fqn"]] for c in constants] for _, constants in self.models]
+
+    def _copy(self, c: dict[str, Any], value: Any) -> torch.Tensor | None:
+        if value is None:
+            if c["kind"] == "Parameter":  # buffers and constants left out keep their values
+                raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is missing")
+            return None
+        if not isinstance(value, torch.Tensor):
+            raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is a {type(value).__name__}, not a tensor")
+        if str(value.dtype).removeprefix("torch.") != c["dtype"] or tuple(value.shape) != tuple(c["shape"]):
+            raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is {str(value.dtype).removeprefix('torch.')}{list(value.shape)}, "
+                               f"the compiled model's is {c['dtype']}{list(c['shape'])}")
+        device = "cpu" if self.device == "cpu" or not value.is_cuda else value.device
+        # A copy: the model must not see later in-place changes to the caller's tensors (an optimizer step).
+        return _as_bytes(value.detach().to(device, copy=True, memory_format=torch.contiguous_format))
 
     def _derived(self, names: list[str]) -> str:
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -1,0 +1,147 @@
+"""Shape-specialized variants (dims.<name>.specialize): static code for the sizes a spec names inside the dynamic package,
+picked by the binding per call, sharing the weights file, and rebuilt one variant at a time."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import build_json
+
+pytestmark = pytest.mark.slow
+
+MODEL = '''
+import torch
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16)).eval()
+'''
+
+# Each call's model (its variant's label, "" for the dynamic one) and its largest difference from eager, for batch sizes
+# from argv; then the same after load_weights of the model made with seed 1.
+RUN = '''
+import json, sys, torch
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+package = __import__(sys.argv[3])
+from vmodel import mlp
+from importlib import import_module
+extension = import_module(sys.argv[3] + "._forward_cpu")
+results = {"doc": package.forward.__doc__, "calls": {}, "after_load": {}, "outputs": {}}
+
+def calls(model, into):
+    for batch in json.loads(sys.argv[4]):
+        x = torch.randn(batch, 64, generator=torch.Generator().manual_seed(batch))
+        with torch.no_grad():
+            got = package.forward(x)
+            into[batch] = [extension._variant_forward(x), (got - model(x)).abs().max().item()]
+        results["outputs"].setdefault(batch, got.tolist())
+
+calls(mlp(0), results["calls"])
+package.load_weights(mlp(1).state_dict())
+calls(mlp(1), results["after_load"])
+print(json.dumps(results))
+'''
+
+
+def project(root: Path, sizes: list[int]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "vmodel.py").write_text(MODEL)
+    spec = root / "variants.toml"
+    spec.write_text(textwrap.dedent(f'''
+        [project]
+        name = "variants"
+
+        [[graph]]
+        name = "forward"
+        entry = "vmodel:mlp"
+        inputs = [{{ name = "x", shape = ["batch", 64] }}]
+        dims = {{ batch = {{ min = 1, max = 32, example = 4, specialize = {sizes} }} }}
+
+        [flags]
+        freezing = false
+        gemm_autotune = false
+        split = 1
+    '''))
+    return spec
+
+
+def run(summary: dict[str, Any], spec: Path, batches: list[int]) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", RUN, summary["package_dir"], str(spec.parent), summary["name"], json.dumps(batches)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def ran(summary: dict[str, Any], stage: str) -> set[str]:
+    return {event["unit"] for event in summary["timeline"] if event["stage"] == stage}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("variants")
+    spec = project(root, [1, 8])
+    return spec, build_json(spec, root / "out")
+
+
+def test_calls_at_a_specialized_size_run_its_variant_and_all_sizes_match_eager(built: tuple[Path, dict[str, Any]]) -> None:
+    spec, summary = built
+    results = run(summary, spec, [1, 2, 8, 9, 32])
+    assert {int(b): label for b, (label, _) in results["calls"].items()} == {1: "batch=1", 2: "", 8: "batch=8", 9: "", 32: ""}
+    assert all(error < 1e-5 for _, error in results["calls"].values()), results["calls"]
+    # load_weights reaches every model: the dynamic one and each variant
+    assert all(error < 1e-5 for _, error in results["after_load"].values()), results["after_load"]
+    assert "batch: 1..32, specialized for 1, 8" in results["doc"] and "batch=1; batch=8" in results["doc"]
+    package = Path(summary["package_dir"]) / "variants"
+    assert sorted(p.name for p in package.glob("_forward_cpu__*.so")) == ["_forward_cpu__batch1.so", "_forward_cpu__batch8.so"]
+    models = {json.dumps(m["variant"]): m for m in summary["models"]}
+    assert set(models) == {"null", '{"batch": 1}', '{"batch": 8}'}
+    assert all(m["trace"] > 0 and m["codegen"] > 0 and m["compile"] > 0 and m["library_bytes"] > 0 for m in models.values())
+
+
+def test_variants_share_the_weights_file(built: tuple[Path, dict[str, Any]]) -> None:
+    _, summary = built
+    data = (Path(summary["package_dir"]) / "variants" / "forward_cpu.safetensors").read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    variants = json.loads(header["__metadata__"]["variants"])
+    assert set(variants) == {"batch1", "batch8"}
+    # Without freezing every constant is a weight as it is: the variants add no entry, and each maps its constants to the
+    # dynamic model's entries.
+    entries = {name for name in header if name != "__metadata__"}
+    assert entries == {"model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias", "model.3.weight", "model.3.bias"}
+    assert all(set(to_entry.values()) == entries for to_entry in variants.values())
+    layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16))
+    assert len(data) - 8 - length == sum(t.numel() * 4 for t in layers.state_dict().values())
+    assert all(m["weights_bytes"] in (None, 0) for m in summary["models"])
+
+
+def test_adding_or_removing_a_size_rebuilds_that_variant_alone(built: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    spec, summary = built
+    before = run(summary, spec, [8])["outputs"]["8"]
+    out = Path(summary["package_dir"]).parents[2]
+
+    project(spec.parent, [1, 4, 8])
+    added = build_json(spec, out)
+    assert ran(added, "trace") == ran(added, "codegen") == {"forward_cpu__batch4"}
+    compiled = {json.dumps(m["variant"]): m["compile"] for m in added["models"]}
+    assert compiled['{"batch": 1}'] == compiled['{"batch": 8}'] == 0 and compiled['{"batch": 4}'] > 0
+    assert run(added, spec, [4])["calls"]["4"][0] == "batch=4"
+
+    project(spec.parent, [1, 4])
+    removed = build_json(spec, out)
+    assert ran(removed, "trace") == ran(removed, "codegen") == set()
+    assert all(m["compile"] == 0 for m in removed["models"] if m["variant"])
+    assert not (Path(removed["package_dir"]) / "variants" / "_forward_cpu__batch8.so").exists()
+    results = run(removed, spec, [8])
+    assert results["calls"]["8"][0] == ""
+    assert torch.allclose(torch.tensor(results["outputs"]["8"]), torch.tensor(before), atol=1e-6)  # the variant and the dynamic code agree
