@@ -27,12 +27,33 @@ def shimgen(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.
     )
 
 
+# Specs whose tests check what a package computes and how it rebuilds, not how fast it runs: their copies build with
+# ATen's GEMMs (no template to time and compile) and -O1 kernels, half the compile time. mlp.toml, resnet.toml and
+# the specs tests write themselves keep shimgen's defaults.
+FAST_FLAGS = {"gemm_autotune": "false", "kernel_opt": '"O1"'}
+FAST_SPECS = ("hf.toml", "shapes.toml", "outputs.toml", "zoo.toml", "multi.toml")
+
+
+def with_flags(text: str, **flags: str) -> str:
+    """A spec's text with these [flags] keys set (TOML values, as written)."""
+    lines = text.splitlines()
+    if "[flags]" not in lines:
+        lines += ["", "[flags]"]
+    start = lines.index("[flags]") + 1
+    end = next((k for k in range(start, len(lines)) if lines[k].startswith("[")), len(lines))
+    kept = [line for line in lines[start:end] if line.split("=")[0].strip() not in flags]
+    return "\n".join(lines[:start] + [f"{key} = {value}" for key, value in flags.items()] + kept + lines[end:]) + "\n"
+
+
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of projects/ (specs and models) and kernels/ (custom ops' sources) with room for build/ and dist/ beside it."""
     root = tmp_path_factory.mktemp("shimgen")
     for directory in ("projects", "kernels"):
         shutil.copytree(REPO / directory, root / directory, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in FAST_SPECS:
+        spec = root / "projects" / name
+        spec.write_text(with_flags(spec.read_text(), **FAST_FLAGS))
     return root
 
 

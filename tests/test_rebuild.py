@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import COMMAND, build_json, call_in_subprocess, shimgen
+from conftest import COMMAND, build_json, call_in_subprocess, shimgen, with_flags
 
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
@@ -65,7 +65,7 @@ def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, t
     (x,) = convnet_inputs(zoo_spec)
     try:
         # An opt level: the same generated sources, compiled again with the new flag.
-        zoo_spec.write_text(original + '\n[flags]\nkernel_opt = "O2"\n')
+        zoo_spec.write_text(with_flags(original, kernel_opt='"O2"'))
         after = build_json(zoo_spec, workdir)
         assert {f"{stage}:{g}_cpu" for stage in ("trace", "codegen") for g in graphs} <= set(after["skipped"])
         compile_commands = (workdir / "build" / "zoo" / "meson" / "compile_commands.json").read_text()
@@ -73,7 +73,7 @@ def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, t
         torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
 
         # A codegen flag: the saved traces are reloaded and generated again, one kernel file per graph.
-        zoo_spec.write_text(original + '\n[flags]\nkernel_opt = "O2"\nsplit = 1\n')
+        zoo_spec.write_text(with_flags(original, kernel_opt='"O2"', split="1"))
         after = build_json(zoo_spec, workdir)
         assert {f"trace:{g}_cpu" for g in graphs} <= set(after["skipped"])
         assert not {f"codegen:{g}_cpu" for g in graphs} & set(after["skipped"])
@@ -103,7 +103,7 @@ def test_dynamic_range_edit_reaches_the_package(zoo_spec: Path, workdir: Path, t
 def test_split_kernels_are_bit_identical(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
     split4 = build_json(zoo_spec, workdir)
     one_file = zoo_spec.with_name("zoo_split1.toml")
-    one_file.write_text(zoo_spec.read_text().replace('name = "zoo"', 'name = "zoo_split1"') + "\n[flags]\nsplit = 1\n")
+    one_file.write_text(with_flags(zoo_spec.read_text().replace('name = "zoo"', 'name = "zoo_split1"'), split="1"))
     split1 = build_json(one_file, workdir)
 
     def kernels(summary: dict[str, Any]) -> list[Path]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json
+from conftest import build_json, shimgen
 
 pytestmark = pytest.mark.slow
 
@@ -70,6 +70,7 @@ def project(root: Path, sizes: list[int]) -> Path:
         [flags]
         freezing = false
         gemm_autotune = false
+        kernel_opt = "O1"
         split = 1
     '''))
     return spec
@@ -145,3 +146,36 @@ def test_adding_or_removing_a_size_rebuilds_that_variant_alone(built: tuple[Path
     results = run(removed, spec, [8])
     assert results["calls"]["8"][0] == ""
     assert torch.allclose(torch.tensor(results["outputs"]["8"]), torch.tensor(before), atol=1e-6)  # the variant and the dynamic code agree
+
+
+def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir: Path, tmp_path: Path) -> None:
+    """With freezing, a static convolution's weights are packed for oneDNN at build time: the variant's own entries, next to
+    the dynamic code's, and `shimgen check` compares the variant with eager."""
+    spec = tmp_path / "convs.toml"
+    spec.write_text(textwrap.dedent('''
+        [project]
+        name = "convs"
+
+        [[graph]]
+        name = "forward"
+        entry = "models.convnet:ConvNet"
+        inputs = [{ name = "x", shape = ["batch", 3, 32, 32] }]
+        dims = { batch = { min = 1, max = 8, example = 4, specialize = [1] } }
+        atol = 1e-3
+
+        [flags]
+        gemm_autotune = false
+        kernel_opt = "O1"
+    '''))
+    (tmp_path / "models").symlink_to(workdir / "projects" / "models")
+    result = shimgen("check", spec, "--out", tmp_path / "out", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert "variant batch=1" in {c["case"] for c in report["comparisons"]} and report["ok"]
+    data = (tmp_path / "out" / "build" / "convs" / "site" / "convs" / "forward_cpu.safetensors").read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    own = [name for name in header if name.startswith("batch1/")]
+    to_entry = json.loads(header["__metadata__"]["variants"])["batch1"]
+    assert own and set(own) <= set(to_entry.values())
+    assert set(to_entry.values()) - set(own), "the variant shares none of the dynamic code's entries"
