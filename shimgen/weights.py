@@ -7,7 +7,8 @@ the blob as a safetensors file: one entry per constant, named by the weight it h
 (`fc.bias`) and else by Inductor's name (`_frozen_param3`), typed where the constant is a plain
 contiguous tensor and raw bytes otherwise (oneDNN's prepacked layouts). Entries whose size is a multiple
 of 64 bytes come first and start 64-byte aligned; the others follow, largest element first, each
-aligned to its element. The header's metadata maps entries to the model's constants.
+aligned to its element. The header's metadata maps entries to the model's constants. A graph with specialized
+variants has one file for all its models: a variant's constant whose bytes the file already holds maps to that entry.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_json, import_package
+from conftest import FAST_FLAGS, build_json, import_package, with_flags
 
 from shimgen import escape
 from shimgen.entry import load_model, make_inputs
@@ -30,7 +30,8 @@ DESCRIPTION = 'Says """hi""" and \'\'\'bye\'\'\' with a back\\slash, {braces}, 1
 def test_awkward_strings_build_a_package_that_imports(workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(tmp_path / "cache dir's ü" / "toolchain"))
     spec = workdir / "projects" / "odd 'spec' ü.toml"
-    text = (workdir / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "odd_strings"\nversion = "2.0rc1"')
+    text = with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS)
+    text = text.replace('name = "mlp"', 'name = "odd_strings"\nversion = "2.0rc1"')
     spec.write_text(re.sub(r"(?m)^description = .*$", lambda _: f"description = {escape.toml(DESCRIPTION)}", text), encoding="utf-8")
     summary = build_json(spec, tmp_path / "out dir's ü")
     package = import_package(summary)

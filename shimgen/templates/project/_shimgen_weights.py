@@ -1,8 +1,9 @@
 """The weights of a shimgen package: its weights files mapped at import, and load_weights().
 
 Shipped unchanged in every package built by shimgen. Each graph's extension takes its weights as one tensor of
-bytes per constant of Inductor's model, in the model's order (`_set_weights`); this module finds those bytes (in
-a weights file, a state dict or a checkpoint) and checks names, dtypes and shapes before handing them over.
+bytes per constant of Inductor's model, in the model's order, for its dynamic model and then each specialized
+variant (`_set_weights`); this module finds those bytes (in a weights file, a state dict or a checkpoint) and checks
+names, dtypes and shapes before handing them over.
 """
 
 from __future__ import annotations
