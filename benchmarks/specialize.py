@@ -37,6 +37,8 @@ from common import (
     time_side_by_side,
 )
 
+from shimgen import dims, trace, variants
+
 # model: (spec, sizes to specialize per dim, sizes no variant covers)
 MODELS: dict[str, tuple[str, dict[str, list[int]], list[dict[str, int]]]] = {
     "resnet": ("resnet.toml", {"batch": [1, 8]}, [{"batch": 4}, {"batch": 16}]),
@@ -51,8 +53,10 @@ SPECIALIZED, DYNAMIC, STATIC, AOTI_STATIC, AOTI_DYNAMIC, EAGER = (
 
 def write_spec(source: Path, out: Path, name: str, device: str, specialize: dict[str, list[int]] | None = None,
                static: dict[str, int] | None = None, cuda_graphs: bool = False) -> Path:
-    """A copy of `source` named `name`: its dims given `specialize` lists, or written as the `static` sizes."""
+    """A copy of `source` named `name`, without the sizes it specializes: its dims given `specialize` lists, or written as
+    the `static` sizes."""
     text = source.read_text().replace(f'name = "{source.stem}"', f'name = "{name}"', 1)
+    text = re.sub(r",\s*specialize = \[[^\]]*\]", "", text)
     for dim, sizes in (specialize or {}).items():
         text = re.sub(rf"(\b{dim} = {{[^}}]*?) }}", rf"\1, specialize = {sizes} }}", text, count=1)
     if static:
@@ -86,10 +90,7 @@ def bench_model(key: str, device: str, work: Path, report: Report, block_seconds
     cache = ["--cache", f"file://{work / 'cache'}"]
     specs = {SPECIALIZED: write_spec(source, source.parent, f"{key}_specialized", device, specialize, cuda_graphs=graphs),
              DYNAMIC: write_spec(source, source.parent, f"{key}_dynamic", device)}
-    base = load_spec(specs[SPECIALIZED])
-    from shimgen.variants import specializations
-
-    specialized_sizes = specializations(base.graph[0])
+    specialized_sizes = variants.specializations(load_spec(specs[SPECIALIZED]).graph[0])
     built = {}
     for name, spec in specs.items():
         seconds, built[name] = shimgen_build(spec, work / "out", None, *cache)
@@ -120,7 +121,6 @@ def bench_model(key: str, device: str, work: Path, report: Report, block_seconds
         if device == "cuda":
             gm.model = gm.model.cuda()
         packages = {name: import_built(summary) for name, summary in built.items()}
-        from shimgen import dims, trace, variants
 
         def export(sizes: dict[str, int]) -> Any:
             graph = variants.traced_graph(gm.graph, sizes)
