@@ -28,8 +28,8 @@ def shimgen(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.
 
 
 # Specs whose tests check what a package computes and how it rebuilds, not how fast it runs: their copies build with
-# ATen's GEMMs (no template to time and compile) and -O1 kernels, half the compile time. mlp.toml, resnet.toml and
-# the specs tests write themselves keep shimgen's defaults.
+# ATen's GEMMs (no template to time and compile) and -O1 kernels, half the compile time. The workdir's mlp.toml keeps
+# shimgen's defaults (its kernel choices and lockfile are tested); a test that copies it may use these flags too.
 FAST_FLAGS = {"gemm_autotune": "false", "kernel_opt": '"O1"'}
 FAST_SPECS = ("hf.toml", "shapes.toml", "outputs.toml", "zoo.toml", "multi.toml")
 
