@@ -31,7 +31,7 @@ def shimgen(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.
 # ATen's GEMMs (no template to time and compile) and -O1 kernels, half the compile time. The workdir's mlp.toml keeps
 # shimgen's defaults (its kernel choices and lockfile are tested); a test that copies it may use these flags too.
 FAST_FLAGS = {"gemm_autotune": "false", "kernel_opt": '"O1"'}
-FAST_SPECS = ("hf.toml", "shapes.toml", "outputs.toml", "zoo.toml", "multi.toml")
+FAST_SPECS = ("hf.toml", "shapes.toml", "outputs.toml", "zoo.toml", "multi.toml", "custom_ops.toml", "py_ops.toml")
 
 
 def with_flags(text: str, **flags: str) -> str:

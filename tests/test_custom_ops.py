@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, rss_growth_over_10000_calls, shimgen
+from conftest import FAST_FLAGS, build_json, rss_growth_over_10000_calls, shimgen, with_flags
 
 RUN_SCRIPT = """
 import json, sys, torch
@@ -195,7 +195,7 @@ def test_edits_rebuild_what_depends_on_them(tmp_path: Path) -> None:
     (project / "ops_fakes.py").write_text(OPS_PY)
     (project / "ops_model.py").write_text(OPS_MODEL)
     spec, out = project / "inc.toml", tmp_path / "out"
-    spec.write_text(OPS_SPEC)
+    spec.write_text(with_flags(OPS_SPEC, **FAST_FLAGS))
     first = build_json(spec, out)
     library = out / "build" / "inc" / "ops" / "meson" / "libinc_ops0.so"
     x = torch.randn(4, 16)

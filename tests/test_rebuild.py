@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import COMMAND, build_json, call_in_subprocess, shimgen, with_flags
+from conftest import COMMAND, FAST_FLAGS, build_json, call_in_subprocess, shimgen, with_flags
 
 from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
@@ -125,7 +125,7 @@ def test_split_kernels_are_bit_identical(zoo_spec: Path, workdir: Path, tmp_path
 
 def test_killed_mid_compile_then_rebuilt(workdir: Path, tmp_path: Path) -> None:
     spec = workdir / "projects" / "mlp_killed.toml"
-    spec.write_text((workdir / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_killed"'))
+    spec.write_text(with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS).replace('name = "mlp"', 'name = "mlp_killed"'))
     proc = subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(workdir)], stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     assert proc.stderr is not None
@@ -148,7 +148,7 @@ def test_compiler_cache_is_used_when_on_path(workdir: Path, tmp_path: Path) -> N
     (bin_dir / "ccache").write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec "$@"\n')
     (bin_dir / "ccache").chmod(0o755)
     spec = workdir / "projects" / "mlp_cached.toml"
-    spec.write_text((workdir / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_cached"'))
+    spec.write_text(with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS).replace('name = "mlp"', 'name = "mlp_cached"'))
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     result = shimgen("build", spec, "--out", workdir, "--json", env=env)
     assert result.returncode == 0, result.stderr
