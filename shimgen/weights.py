@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .files import write_if_changed
 
 ALIGN = 64
 WEIGHT_PREFIX = "model."  # of the program's weight names: trace makes the model its adapter's submodule `model`
@@ -146,7 +147,7 @@ def _write(stored: list[Constant], data: dict[str, bytes], out: Path) -> None:
     metadata = {"format": FORMAT, "constants": json.dumps({entry[c.name]: c.name for c in stored}, sort_keys=True),
                 "raw": json.dumps({entry[c.name]: {"dtype": c.dtype, "shape": list(c.shape), "layout": c.layout} for c in stored if not c.typed},
                                   sort_keys=True)}
-    write_bytes(out, _encode(entries, metadata))
+    write_if_changed(out, _encode(entries, metadata))
 
 
 @dataclass(frozen=True)
@@ -180,12 +181,6 @@ def _decode(data: bytes) -> tuple[list[_Entry], dict[str, str]]:
     entries = [_Entry(name, e["dtype"], e["shape"], data[start + e["data_offsets"][0]:start + e["data_offsets"][1]])
                for name, e in header.items() if name != "__metadata__"]
     return sorted(entries, key=lambda e: header[e.name]["data_offsets"][0]), header.get("__metadata__", {})
-
-
-def write_bytes(out: Path, data: bytes) -> None:
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(out)
 
 
 def merged(dynamic: Path, variants: list[tuple[str, Path]]) -> bytes:

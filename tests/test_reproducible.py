@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import COMMAND, REPO
+from conftest import COMMAND, REPO, with_flags
 
 pytestmark = pytest.mark.slow
 
@@ -23,8 +23,7 @@ _PER_USER = ("HOME", "XDG_CACHE_HOME", "SHIMGEN_CACHE_DIR", "TORCHINDUCTOR_CACHE
 
 
 def _spec_without_autotuning(workdir: Path, tmp_path: Path) -> Path:
-    text = (workdir / "projects" / "mlp.toml").read_text()
-    text = text.replace("[flags]\n", "[flags]\ngemm_autotune = false\n") if "[flags]\n" in text else text + "\n[flags]\ngemm_autotune = false\n"
+    text = with_flags((workdir / "projects" / "mlp.toml").read_text(), gemm_autotune="false")
     spec = tmp_path / "spec" / "mlp.toml"
     spec.parent.mkdir()
     spec.write_text(text)
