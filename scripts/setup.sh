@@ -8,10 +8,22 @@ TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 
+# torchvision's release that matches a torch release: 0.(minor + 15).patch.
+torchvision_for() { local minor patch; IFS=. read -r _ minor patch <<< "$1"; echo "0.$((minor + 15)).${patch:-0}"; }
+
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "torch==${TORCH_VERSION}"
+# Everything after torch is installed against it: a package that asks for torch (timm, torchvision) gets this one, never
+# the registry's newest (a CUDA build of several GB).
+constraints="$(mktemp)"
+trap 'rm -f "$constraints"' EXIT
+echo "torch==${TORCH_VERSION}" > "$constraints"
+pip+=(-c "$constraints")
 "${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja jinja2 packaging numpy pytest pytest-xdist hypothesis jsonschema pyyaml "transformers==5.23.0"
+# The model zoo's vision models (timm needs torchvision, whose wheel matches torch's version; its ops library may not load
+# on a CPU build of torch, which timm's models do not need).
+"${pip[@]}" "timm==1.0.29" "torchvision==$(torchvision_for "$TORCH_VERSION")"
 # The linter scripts/test.sh runs; pinned to a minor release, since new releases add findings.
 "${pip[@]}" "ruff>=0.17,<0.18"
 # meson-python looks meson up on PATH unless told; the venv's is not on PATH (nothing is activated).

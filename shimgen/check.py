@@ -56,6 +56,8 @@ def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path) -> list[Compar
             if isinstance(model, torch.nn.Module):
                 model = model.to(device)
             compiled = getattr(pkg, graph.name)
+            if hasattr(pkg, "reset_state"):  # the graph and a fresh model start from the same state
+                pkg.reset_state()
             for n, (label, sizes) in enumerate(cases(graph)):
                 inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed + n)]
                 label = label if len(spec.target) == 1 else f"{device}: {label}"

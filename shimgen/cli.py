@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         _error(f"shimgen: build failed: {exc}")
         return 1
     except UserError as exc:
-        _error(f"shimgen: {exc}")
+        _error("\n".join(f"shimgen: {error}" for error in getattr(exc, "errors", [exc])))
         return 2
     except KeyboardInterrupt:
         print("shimgen: interrupted; previous outputs are left as they were", file=sys.stderr)
@@ -116,6 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="ignore recorded stage keys and rebuild everything")
     p.add_argument("--no-cache", action="store_true", help="do not compile through ccache/sccache even when one is on PATH")
     p.add_argument("--retune", action="store_true", help="measure every kernel choice again instead of replaying <spec>.lock, and rewrite it")
+    p.add_argument("--no-verify", action="store_true", help="install the package without first running each graph at its smallest, "
+                   "example and largest sizes against the program it was compiled from")
     p.set_defaults(run=_build)
 
     p = spec_command("check", "build if needed, then compare the package with eager PyTorch")
@@ -177,13 +179,14 @@ def _progress(stage: str, message: str) -> None:
         print(f"{clear}[{stage}] {message}", file=sys.stderr, flush=True)
 
 
-def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True, retune: bool = False):  # type: ignore[no-untyped-def]
+def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True, retune: bool = False,  # type: ignore[no-untyped-def]
+               verify: bool = True):
     return build(args.spec, args.out, force=force, use_cache=use_cache, progress=_progress, only=args.only, retune=retune,
-                 cache_url=args.cache)
+                 cache_url=args.cache, verify=verify)
 
 
 def _build(args: argparse.Namespace) -> int:
-    result = _run_build(args, force=args.force, use_cache=not args.no_cache, retune=args.retune)
+    result = _run_build(args, force=args.force, use_cache=not args.no_cache, retune=args.retune, verify=not args.no_verify)
     _print_summary(result)
     if args.json:
         print(json.dumps(result.summary(), indent=2))
@@ -215,6 +218,10 @@ def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
             added = f", weights +{m['weights_bytes'] / 1e6:.1f} MB" if m["weights_bytes"] is not None else ""
             print(f"    {m['unit']} {name}: trace {m['trace']:.1f}s, codegen {m['codegen']:.1f}s, compile {m['compile']:.1f}s; "
                   f"library {m['library_bytes'] / 1e6:.1f} MB{added}", file=err)
+    if result.verified.get("cases"):
+        print(f"  verified against the traced programs in {result.verified['seconds']:.1f}s: {len(result.verified['cases'])} calls", file=err)
+    for skipped in result.verified.get("skipped", []):
+        print(f"  not verified: {skipped}", file=err)
     if result.slowest_units:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
     for unit, choices in result.kernel_choices.items():

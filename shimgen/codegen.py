@@ -148,7 +148,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
             per_device = _cuda_codegen(Path(tmp)) if target.device == "cuda" else _parallel_only_with_enough_work()
             with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags), allow_tf32=None), _quiet_autotuning(), per_device, \
-                    kernel_choice.recorded(target.device, locked, retune) as recording:
+                    _state_not_folded(), kernel_choice.recorded(target.device, locked, retune) as recording:
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
                 )
@@ -186,7 +186,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs, kernel_choice.merged(recording.choices),
         out_dir / "extern_nodes.json" if called else None, custom_ops.run_time_modules(called, ops), recording.timings,
         out_dir / "constants.json", out_dir / "weights.safetensors" if flags.weights == "file" else None, traced.weights,
-        tuple(weights.unused_weights(constants, program_weights)),
+        tuple(weights.unused_weights(constants, program_weights)), traced.state,
     )
 
 
@@ -230,6 +230,36 @@ def _private_inductor_cache(tmp: Path) -> Iterator[None]:
     triton_cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(cache_dir(), "triton", "0")
     with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}):
         yield
+
+
+@contextmanager
+def _state_not_folded() -> Iterator[None]:
+    """Inductor's constant folding (at joint-graph time, and freezing's) takes every attribute of the graph module for a
+    constant, also a buffer the graph mutates: `count.add_(1)` over a zero-initialized counter folds to 1 on every call
+    (plain AOTInductor computes it so). A mutated attribute is state: its value is never known at build time."""
+    from torch._inductor.constant_folding import ConstantFolder
+
+    run_node = ConstantFolder.run_node
+
+    def run_node_keeping_state(self: Any, node: Any) -> Any:
+        if node.op == "get_attr" and _mutated(node):
+            return self.unknown_value
+        return run_node(self, node)
+
+    with mock.patch.object(ConstantFolder, "run_node", run_node_keeping_state):
+        yield
+
+
+def _mutated(node: Any) -> bool:
+    """Whether an op writes into `node` (an argument its schema marks as written)."""
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is None:
+            continue
+        for argument, value in zip(schema.arguments, user.args, strict=False):
+            if value is node and argument.alias_info is not None and argument.alias_info.is_write:
+                return True
+    return False
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from typing import Any
 from .entry import call_model, make_inputs
 from .errors import SpecError
 from .spec import Graph
+from .weights import WEIGHT_PREFIX
 
 _SIZE = re.compile(r"(?:L\['tensors'\]\[|\btensors_)(\d+)\]?\.size\(\)\[(\d+)\]")
 _BOUND = re.compile(r"^\(?(\w+)\.shape\[(\d+)\]\)? (!=|>=|<=|>|<) (\d+)$")
@@ -141,8 +142,9 @@ def _first_lines(exc: Exception, graph: Graph) -> str:
     return f"{type(exc).__name__}: {text}" + ("\n  ..." if len(useful) > 8 else "")
 
 
-def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: str) -> None:
-    """Run the exported program with every dim at its min and compare with eager.
+def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: str, model_initial: Any, program_initial: Any) -> None:
+    """Run the exported program with every dim at its min and compare with eager, both from their initial state
+    (`*_initial`: trace.Saved), outputs and mutated state alike.
 
     Sizes 0 and 1 are where tracing has to assume the most (broadcasting, squeezes); a model that
     computes something else there must fail the build, not answer wrongly at run time."""
@@ -155,7 +157,9 @@ def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: s
     inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed)]
     label = ", ".join(f"{name}={size}" for name, size in sizes.items())
     with torch.no_grad():
+        model_initial.restore()
         want = [leaf for leaf in pytree.tree_leaves(call_model(model, graph, inputs)) if isinstance(leaf, torch.Tensor)]
+        program_initial.restore()
         try:
             got = pytree.tree_leaves(program.module()(*inputs))
         except Exception as exc:
@@ -174,3 +178,13 @@ def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: s
         if w.shape != g.shape or not torch.allclose(g.double(), w.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True):
             raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the traced model's output {k} differs from "
                             "eager: the model behaves differently there than at the example sizes; raise the dims' min")
+    mutated = program.graph_signature.buffers_to_mutate.values()
+    eager_state = model_initial.tensors
+    for name in mutated:
+        fqn = name.removeprefix(WEIGHT_PREFIX)
+        have, expected = program_initial.tensors.get(name), eager_state.get(fqn)
+        if have is None or expected is None:
+            continue
+        if have.shape != expected.shape or not torch.allclose(have.double(), expected.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True):
+            raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the state '{fqn}' the traced model leaves differs from "
+                            "eager's: the model behaves differently there than at the example sizes; raise the dims' min")

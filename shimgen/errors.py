@@ -23,5 +23,16 @@ class SpecError(UserError):
         return SpecError, (self.file, self.where, self.message)
 
 
+class SpecErrors(UserError):
+    """The errors of several graphs in one build, in spec order: each is reported, whichever failed first."""
+
+    def __init__(self, errors: list[SpecError]) -> None:
+        self.errors = errors
+        super().__init__("\n".join(map(str, errors)))
+
+    def __str__(self) -> str:
+        return "\n".join(map(str, self.errors))
+
+
 class BuildError(UserError):
     """A failed build step (compiler, Meson, packaging), with the part of its log that matters."""

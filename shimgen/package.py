@@ -15,6 +15,8 @@ import base64
 import csv
 import hashlib
 import io
+import json
+import pickle
 import shutil
 import stat
 import tempfile
@@ -23,6 +25,7 @@ import zipfile
 import zlib
 from pathlib import Path
 
+from . import verify
 from .errors import BuildError
 from .files import replace_dir
 from .meson import ZIP_EPOCH, build_wheel, source_date_epoch
@@ -38,18 +41,16 @@ _SAMPLE_CHUNKS = 16
 _STORE_ABOVE = 0.9  # store a member whose sample deflates (zlib level 6, ZipFile's default) to more than this
 _ALWAYS_STORED = (".safetensors",)
 
-_IMPORT = "import sys; sys.path[:0] = [sys.argv[1], *sys.argv[3:]]; import importlib; importlib.import_module(sys.argv[2])"
-
 
 def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name: str, tc: Toolchain, launcher: str | None,
-                     key: str, module_dirs: tuple[Path, ...] = ()) -> PackageResult:
+                     key: str, module_dirs: tuple[Path, ...] = (), plan: verify.Plan | None = None) -> PackageResult:
     """The wheel in `dist` and its contents in `site` (a directory that can go on sys.path); `module_dirs` hold the
     Python modules the package imports besides torch (the spec's directory, for its custom ops' modules)."""
     dist.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
         wheel = build_wheel(source, build_dir, Path(tmp), tc, launcher)
         normalize_wheel(wheel, source_date_epoch())
-        return install(wheel, dist, site, name, tc, key, module_dirs)
+        return install(wheel, dist, site, name, tc, key, module_dirs, plan)
 
 
 def normalize_wheel(wheel: Path, epoch: int) -> None:
@@ -124,21 +125,43 @@ def _unpack(wheel: Path, staging: Path) -> None:
         member.chmod(0o755)
 
 
-def _check_imports(staging: Path, name: str, tc: Toolchain, module_dirs: tuple[Path, ...]) -> None:
-    imported = run([tc.python, "-c", _IMPORT, str(staging), name, *map(str, module_dirs)])
-    if not imported.ok:
-        shutil.rmtree(staging, ignore_errors=True)
-        crash = f" (it crashed with signal {imported.signal})" if imported.signal else ""
-        raise BuildError(f"the built package '{name}' does not import{crash}; the previous package is left in place: {imported.tail(1)}")
+# This shimgen's verify module, imported from where this shimgen is; its directory is taken off sys.path again.
+_VERIFY = ("import sys; sys.path.insert(0, sys.argv[1]); from shimgen import verify; sys.path.remove(sys.argv[1]); "
+           "sys.exit(verify.main(sys.argv[2:]))")
 
 
-def install(wheel: Path, dist: Path, site: Path, name: str, tc: Toolchain, key: str, module_dirs: tuple[Path, ...] = ()) -> PackageResult:
-    """`wheel` (just built, or from the shared cache) moved into `dist` and unpacked in `site`, once it imports here."""
+def _check(staging: Path, name: str, tc: Toolchain, module_dirs: tuple[Path, ...], plan: verify.Plan | None) -> verify.Report:
+    """The unpacked package imported in a fresh interpreter and, given a plan, its graphs run against their traced programs
+    (shimgen/verify.py); where either fails, `staging` is removed and the build fails."""
+    with tempfile.TemporaryDirectory(prefix="shimgen-verify-") as tmp:
+        plan_file, report_file = Path(tmp) / "plan.pickle", Path(tmp) / "report.json"
+        if plan is not None:
+            plan_file.write_bytes(pickle.dumps(plan))
+        checked = run([tc.python, "-c", _VERIFY, str(Path(verify.__file__).parents[1]), str(staging), name, str(report_file),
+                       str(plan_file) if plan else "-", *map(str, module_dirs)])
+        report = verify.Report(**json.loads(report_file.read_text())) if report_file.is_file() else verify.Report()
+    if checked.ok:
+        return report
+    shutil.rmtree(staging, ignore_errors=True)
+    kept = "the previous package is left in place"
+    if report.failure.startswith("import: ") or (not report.failure and not report.running):
+        crash = f" (it crashed with signal {checked.signal})" if checked.signal else ""
+        raise BuildError(f"the built package '{name}' does not import{crash}; {kept}: {report.failure.removeprefix('import: ') or checked.tail(1)}")
+    if report.failure:
+        raise BuildError(f"the built package '{name}' does not compute what its traced program does; {kept}: {report.failure}")
+    crash = f"crashed with signal {checked.signal}" if checked.signal else f"failed: {checked.tail(1)}"
+    raise BuildError(f"the built package '{name}' {crash} at {report.running}; {kept}")
+
+
+def install(wheel: Path, dist: Path, site: Path, name: str, tc: Toolchain, key: str, module_dirs: tuple[Path, ...] = (),
+            plan: verify.Plan | None = None) -> PackageResult:
+    """`wheel` (just built, or from the shared cache) moved into `dist` and unpacked in `site`, once it imports here and,
+    given a plan, computes what its traced programs do."""
     dist.mkdir(parents=True, exist_ok=True)
     staging = site.with_name(site.name + ".new")
     _unpack(wheel, staging)
-    _check_imports(staging, name, tc, module_dirs)
+    report = _check(staging, name, tc, module_dirs, plan)
     final = dist / wheel.name
     wheel.replace(final)
     replace_dir(staging, site)
-    return PackageResult(key, final, site)
+    return PackageResult(key, final, site, tuple(report.cases), tuple(report.skipped), report.seconds)

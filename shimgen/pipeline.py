@@ -36,10 +36,11 @@ from . import (
     toolchain,
     trace,
     variants,
+    verify,
     weights,
     workers,
 )
-from .errors import SpecError, UserError
+from .errors import SpecError, SpecErrors, UserError
 from .files import exclusive, file_hash, source_hash, stage_key
 from .results import (
     CodegenResult,
@@ -82,6 +83,7 @@ class BuildOutput:
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
     elapsed: float = 0.0  # seconds from the build's start to its end
     models: list[dict[str, Any]] = field(default_factory=list)  # each unit's dynamic model and variants: seconds and bytes (_models)
+    verified: dict[str, Any] = field(default_factory=dict)  # the calls run against the traced programs before installing (verify.py)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -101,6 +103,7 @@ class BuildOutput:
             "timeline": [{"stage": stage, "unit": unit, "start": start, "end": end} for stage, unit, start, end in self.timeline],
             "elapsed": round(self.elapsed, 3),
             "models": self.models,
+            "verified": self.verified,
         }
 
 
@@ -192,9 +195,10 @@ class Timeline:
 
 
 def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = True, progress: Progress | None = None,
-          only: str | None = None, retune: bool = False, cache_url: str | None = None) -> BuildOutput:
+          only: str | None = None, retune: bool = False, cache_url: str | None = None, verify: bool = True) -> BuildOutput:
     """Build the spec's package for all its targets, or for the one build identifier `only` names (in a directory of its own).
-    Kernel choices replay the spec's lockfile; `retune` measures them all again. `cache_url` names a shared cache."""
+    Kernel choices replay the spec's lockfile; `retune` measures them all again. `cache_url` names a shared cache. With
+    `verify`, the package runs against its traced programs before it is installed (shimgen/verify.py)."""
     report = progress or (lambda stage, msg: None)
     try:
         spec = load_spec(spec_path)
@@ -210,9 +214,13 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
             shared = SharedCache(shared_cache.backend(url)) if url else None
             if shared:
                 os.environ.setdefault("CCACHE_REMOTE_STORAGE", shared_cache.ccache_remote(shared.backend))
-            return _build(spec, layout, force, use_cache, report, Tuning(lockfile.read(layout.lock_path), retune, all_units), shared)
+            return _build(spec, layout, force, use_cache, report, Tuning(lockfile.read(layout.lock_path), retune, all_units), shared, verify)
     except SpecError as exc:
         exc.file = exc.file or str(spec_path)
+        raise
+    except SpecErrors as exc:
+        for error in exc.errors:
+            error.file = error.file or str(spec_path)
         raise
 
 
@@ -258,10 +266,11 @@ class Job:
     ops: CustomOps | None
     tuning: Tuning
     shared: SharedCache | None
+    verify: bool
 
 
 def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, report: Progress, tuning: Tuning,
-           shared: SharedCache | None) -> BuildOutput:
+           shared: SharedCache | None, verify: bool) -> BuildOutput:
     timeline = Timeline(report)
     tools = LazyTools(spec, use_cache, timeline)
     tc = toolchain.detect()
@@ -271,13 +280,13 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         with timeline.stage("ops"):
             ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", built.tc, built.cuda,
                                      built.launcher, lambda msg: report("ops", msg))
-    job = Job(spec, layout, tc, tools, State(layout.state_file, fresh=force), timeline, ops, tuning, shared)
+    job = Job(spec, layout, tc, tools, State(layout.state_file, fresh=force), timeline, ops, tuning, shared, verify)
     units = _generate_all(job)
     job.state.forget_all_but("unit:", {f"unit:{kind}:{name}" for g in spec.graph for t in spec.target for name, _ in variants.works(g, t)
                                        for kind in ("trace", "codegen")})
     version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
     wheel_key = _wheel_key(job, units, version)
-    packaged = _shared_wheel(job, wheel_key) if shared else None
+    packaged = _shared_wheel(job, wheel_key, units) if shared else None
     compiled = None
     if packaged is None:
         built = tools()
@@ -291,7 +300,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         with timeline.stage("compile"):
             compiled = meson.build(layout.project, layout.meson, built.tc, f"the package '{spec.project.name}'", built.launcher,
                                    lambda msg: report("compile", msg))
-        packaged = _package(job, project, compiled)
+        packaged = _package(job, project, compiled, units)
         if shared:
             shared.put("wheel", wheel_key, shared_cache.pack(packaged.wheel.parent, [packaged.wheel], packaged.wheel.name.encode()))
             job.state.commit("wheel", Stamp(wheel_key))
@@ -303,7 +312,8 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
                        {name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
                        [matrix.BuildId(tc.python_version, tc.torch_version, _torch_cuda(spec) if t.device == "cuda" else None,
                                        t).identifier for t in spec.target], _shared_summary(shared), timeline.events,
-                       time.time() - timeline.started, _models(spec.project.name, units, timeline, compiled, packaged.site))
+                       time.time() - timeline.started, _models(spec.project.name, units, timeline, compiled, packaged.site),
+                       {"cases": list(packaged.verified), "skipped": list(packaged.verify_skipped), "seconds": packaged.verify_seconds})
 
 
 def _models(package: str, units: list[Unit], timeline: Timeline, compiled: CompileResult | None, site: Path) -> list[dict[str, Any]]:
@@ -521,7 +531,7 @@ def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
                      [source_hash(m) for m in (render, package, meson, prebuilt, probe, proxy_executor)])
 
 
-def _shared_wheel(job: Job, key: str) -> PackageResult | None:
+def _shared_wheel(job: Job, key: str, units: list[Unit]) -> PackageResult | None:
     """The package this build would make, as the last build left it or as the shared cache holds it."""
     assert job.shared is not None
     layout = job.layout
@@ -535,7 +545,8 @@ def _shared_wheel(job: Job, key: str) -> PackageResult | None:
     with job.timeline.stage("package", "wheel from the shared cache"):
         with tempfile.TemporaryDirectory(prefix=".shimgen-shared-", dir=layout.root) as tmp:
             name = shared_cache.unpack(data, Path(tmp)).decode()
-            packaged = package.install(Path(tmp) / name, layout.dist, layout.site, job.spec.project.name, job.tc, key, _module_dirs(job))
+            packaged = package.install(Path(tmp) / name, layout.dist, layout.site, job.spec.project.name, job.tc, key, _module_dirs(job),
+                                       _verify_plan(job, units))
     job.state.commit("package", packaged)
     job.state.commit("wheel", Stamp(key))
     return packaged
@@ -562,7 +573,7 @@ def _require_gpu(spec: ProjectSpec, target: Target, job: Job) -> None:
                         "building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); torch sees none")
 
 
-def _package(job: Job, project: RenderedProject, compiled: CompileResult) -> PackageResult:
+def _package(job: Job, project: RenderedProject, compiled: CompileResult, units: list[Unit]) -> PackageResult:
     key = stage_key(project.key, [(p.name, file_hash(p)) for p in compiled.extensions], meson.source_date_epoch())
     packaged = job.state.get(PackageResult, "package", key)
     if packaged is not None:
@@ -571,9 +582,25 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult) -> Pac
     layout, tools = job.layout, job.tools()
     with job.timeline.stage("package"):
         packaged = package.build_and_unpack(layout.project, layout.meson, layout.dist, layout.site, job.spec.project.name, tools.tc,
-                                            tools.launcher, key, _module_dirs(job))
+                                            tools.launcher, key, _module_dirs(job), _verify_plan(job, units))
     job.state.commit("package", packaged)
     return packaged
+
+
+def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:
+    """What the package is run against before it is installed: each unit's traced programs."""
+    if not job.verify:
+        return None
+    graphs = []
+    for u in units:
+        programs = []
+        for (name, _), sizes in zip(u.generated, ((), *(v.sizes for v in u.variants)), strict=True):
+            traced = job.state.get(TraceResult, f"unit:trace:{name}")
+            assert traced is not None, name
+            programs.append((sizes, traced.program))
+        graphs.append(verify.GraphModels(u.graph, f"graph[{job.spec.graph.index(u.graph)}]", u.target.device, tuple(programs),
+                                         u.code.state))
+    return verify.Plan(job.spec.project.name, tuple(graphs))
 
 
 def _module_dirs(job: Job) -> tuple[Path, ...]:

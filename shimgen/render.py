@@ -128,10 +128,11 @@ def render_project(
         files[out / "src" / u.name / "variants.cpp"] = env.get_template("project/variants.cpp.j2").render(context)
         unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "models": models,
                              "weights_file": f"{u.name}.safetensors" if u.code.weights_file else None,
-                             "constants": weights.package_view(weights.read_constants(u.code.constants)) if u.code.constants else [],
+                             "constants": weights.package_view(weights.read_constants(u.code.constants), u.code.state) if u.code.constants else [],
                              "unused_weights": list(u.code.unused_weights),
                              "variants": [{"name": v.name, "label": _label(v), "library": f"{u.library(v)}.so",
-                                           "constants": weights.package_view(weights.read_constants(v.code.constants)) if v.code.constants else []}
+                                           "constants": weights.package_view(weights.read_constants(v.code.constants), v.code.state)
+                                           if v.code.constants else []}
                                           for v in u.variants]})
     libraries = []
     if ops:
@@ -170,7 +171,8 @@ def render_project(
         "op_modules": _op_modules(spec, units),
         "freezing": spec.flags.freezing,
         "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g), spec.runtime.instances,
-                                         any(t.device == "cpu" for t in spec.target)) for g in spec.graph},
+                                         any(t.device == "cpu" for t in spec.target), state=next(u.code.state for u in units if u.graph is g))
+                       for g in spec.graph},
     }
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
@@ -181,7 +183,8 @@ def render_project(
     files[out / name / "__init__.py"] = render_init(package)
     files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"
     files[out / name / "_shimgen_weights.py"] = (TEMPLATES / "project" / "_shimgen_weights.py").read_text()
-    runtime = ["shimgen_runtime.h", "shimgen_weights.h", "shimgen_model_constants.h", "shimgen_model_api.h", "shimgen_variants.h"]
+    runtime = ["shimgen_runtime.h", "shimgen_weights.h", "shimgen_model_constants.h", "shimgen_model_api.h", "shimgen_variants.h",
+               "shimgen_state.h"]
     runtime += (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
     for runtime_file in runtime:
         files[out / "src" / runtime_file] = (TEMPLATES / "project" / runtime_file).read_text()
@@ -257,9 +260,10 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "has_last_error": tc.has_last_error,
         "proxy_executor": u.code.extern_nodes is not None,
         "weights_in_file": u.code.weights_file is not None,
+        "state": sorted({name for _, code in u.generated for name in code.state}),
         "variants": [{"label": _label(v), "library": f"{u.library(v)}.so", "dim_sizes": [dict(v.sizes).get(name, -1) for name in graph.dims],
                       "captured": cuda_graphs and variants.fully_static(graph, dict(v.sizes))} for v in u.variants],
-        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, u.target.device == "cpu", cuda_graphs),
+        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, u.target.device == "cpu", cuda_graphs, u.code.state),
     }
 
 
@@ -268,8 +272,9 @@ def _label(variant: Variant) -> str:
     return ", ".join(f"{dim}={size}" for dim, size in variant.sizes)
 
 
-def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | None = None, cpu: bool = False, cuda_graphs: bool = False) -> str:
-    """The callable's docstring; `instances` and `cpu` add how calls share threads."""
+def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | None = None, cpu: bool = False, cuda_graphs: bool = False,
+              state: tuple[str, ...] = ()) -> str:
+    """The callable's docstring; `instances` and `cpu` add how calls share threads, `state` what the graph mutates."""
     positional = [i.name for i in graph.inputs if not i.keyword]
     keyword = [i.name for i in graph.inputs if i.keyword]
     params = ", ".join(positional + (["*"] + keyword if keyword else []))
@@ -292,7 +297,13 @@ def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | Non
                      "call (torch.set_num_threads); one thread runs them without an OpenMP team.")
     if instances and cuda_graphs and not graph.dims:
         instances = 1
-    if instances:
+    if state:
+        names = ", ".join(name.removeprefix(weights.WEIGHT_PREFIX) for name in state)
+        lines.append(f"State: each call updates {names} in place, as the model does, and sees the updates of every call before "
+                     "it, also those of the package's other graphs that use the same state; these calls run one at a time "
+                     "(the GIL is released). state() reads it, reset_state() restores its initial values, load_weights() "
+                     "leaves it as it is.")
+    elif instances:
         lines.append(f"Calls from {instances} Python threads run at once, each on its own model instance (the GIL is "
                      "released); further calls wait for an instance.")
     notes = _type_notes(out_nodes)

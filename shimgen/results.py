@@ -59,6 +59,7 @@ class TraceResult:
     reads: tuple[tuple[str, str], ...]  # (path, sha256) of every project file the trace read
     structure: str = ""  # trace.structure_key: the program without its weights' values
     weights: str = ""  # trace.weights_key: the weights' values
+    state: tuple[str, ...] = ()  # the buffers the program mutates (trace.mutated_state), by the program's names
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -117,6 +118,7 @@ class CodegenResult:
     weights_file: Path | None = None  # flags.weights = "file": the weights as safetensors
     weights_digest: str = ""  # the trace's weights_key the weights file was made from
     unused_weights: tuple[str, ...] = ()  # the program's weights the model does not take (weights.unused_weights)
+    state: tuple[str, ...] = ()  # the weights the model mutates (TraceResult.state)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -218,6 +220,9 @@ class PackageResult:
     key: str
     wheel: Path
     site: Path  # the unpacked wheel: a directory to put on sys.path
+    verified: tuple[str, ...] = ()  # the calls compared with the traced programs before the package was installed (verify.py)
+    verify_skipped: tuple[str, ...] = ()
+    verify_seconds: float = 0.0
 
     @property
     def files(self) -> tuple[Path, ...]:

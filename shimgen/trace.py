@@ -57,23 +57,92 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
         if isinstance(model, torch.nn.Module):
             model = model.to(device)
         inputs = [t.to(device) for t in make_inputs(graph, example_sizes(graph), graph.seed)]
+        initial = Saved(model_state(model))
         with torch.no_grad():
             try:
                 eager = call_model(model, graph, inputs)
             except (Exception, SystemExit) as exc:
                 shapes = ", ".join(f"{i.name}={tuple(t.shape)}" for i, t in zip(graph.inputs, inputs, strict=True))
                 raise SpecError("", f"{where}.inputs", f"the model rejected the example inputs ({shapes}): {describe(exc, spec_dir)}") from None
+            initial.restore()  # the program starts from the state the model had before any call
             out_nodes = _out_nodes(eager, spec_dir, where)
             adapter = _spec_order_module(model, graph)
             program = dims.export(adapter, inputs, graph, where)
-            dims.check_smallest(program, model, graph, where, device)
+            initial.restore()
+            program_initial = Saved(program_state(program))
+            dims.check_smallest(program, model, graph, where, device, initial, program_initial)
+            program_initial.restore()
+            initial.restore()
     num_outputs = sum(1 for n in out_nodes if n.kind == TENSOR)
     if program.call_spec.out_spec.num_leaves != num_outputs:
         raise SpecError("", where, f"the traced model returns {program.call_spec.out_spec.num_leaves} tensors, eager {num_outputs}")
     program_file.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(program_file))
     return TraceResult(key, program_file, tuple(out_nodes), num_outputs, tuple((str(p), file_hash(p)) for p in sorted(reads)),
-                       structure_key(program), weights_key(program))
+                       structure_key(program), weights_key(program), mutated_state(program))
+
+
+class Saved:
+    """Tensors' values, to put back in place: the state a call may change (a running counter, a KV cache), so that eager
+    and the traced program run from the same state and the program is saved with the state the model started with."""
+
+    def __init__(self, tensors: dict[str, Any]) -> None:
+        self.tensors = tensors
+        self.values = {name: t.detach().clone() for name, t in tensors.items()}
+
+    def restore(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for name, t in self.tensors.items():
+                t.copy_(self.values[name])
+
+
+def model_state(model: Any) -> dict[str, Any]:
+    """A model's buffers and plain tensor attributes (a static KV cache's position, say) by name: what a call may mutate."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return {}
+    state = dict(model.named_buffers())
+    for prefix, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                state[f"{prefix}.{attr}" if prefix else attr] = value
+    return state
+
+
+def program_state(program: Any) -> dict[str, Any]:
+    """An exported program's buffers and tensor constants by name (its parameters are never mutated)."""
+    import torch
+
+    buffers = set(program.graph_signature.buffers)
+    return {name: t for name, t in {**program.state_dict, **program.constants}.items()
+            if isinstance(t, torch.Tensor) and (name in buffers or name in program.constants)}
+
+
+def mutated_state(program: Any) -> tuple[str, ...]:
+    """The buffers and tensor constants the program writes into, by name: an op's argument its schema marks as written,
+    on the tensor or on a view of it."""
+    names = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
+             if spec.target is not None and spec.kind.name in ("BUFFER", "CONSTANT_TENSOR")}
+    return tuple(sorted(names[node.name] for node in program.graph.nodes if node.op == "placeholder" and node.name in names
+                        and _written(node)))
+
+
+def _written(node: Any) -> bool:
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is None:
+            continue
+        for argument, value in zip(schema.arguments, user.args, strict=False):
+            if value is not node or argument.alias_info is None:
+                continue
+            if argument.alias_info.is_write:
+                return True
+            if schema.returns and schema.returns[0].alias_info is not None and _written(user):  # a view of it
+                return True
+    return False
 
 
 def structure_key(program: Any) -> str:

@@ -222,11 +222,12 @@ def tensor_bytes(tensor: Any) -> bytes:
     return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def package_view(constants: list[Constant]) -> list[dict[str, Any]]:
+def package_view(constants: list[Constant], state: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """What the package's load_weights checks, per constant the extension takes, in its order; weights by the names
-    the model's own state dict gives them."""
+    the model's own state dict gives them; `state`: the weights the model mutates (by the program's names)."""
     return [{"name": c.name, "fqn": c.weight.removeprefix(WEIGHT_PREFIX), "kind": c.kind, "dtype": c.dtype, "shape": list(c.shape),
-             "layout": c.layout, "typed": c.typed, "plain": c.plain, "nbytes": c.nbytes} for c in constants if not c.from_folded]
+             "layout": c.layout, "typed": c.typed, "plain": c.plain, "nbytes": c.nbytes, "state": c.fqn in state}
+            for c in constants if not c.from_folded]
 
 
 def unused_weights(constants: list[Constant], program_weights: dict[str, Any]) -> list[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import codegen, trace
-from .errors import SpecError, UserError
+from .errors import SpecError, SpecErrors, UserError
 from .lockfile import Timings
 from .results import CodegenResult, CustomOps, TraceResult
 from .spec import Flags, Graph, Target
@@ -79,26 +79,41 @@ def count(tasks: int, in_process: bool) -> int:
 def run_all(tasks: list[tuple[str, T]], work: Callable[[T], Any], workers: int, ops: CustomOps | None,
             done: Callable[[str, Any, float, float], None]) -> None:
     """Run `work` on each (name, task), in `workers` processes or here (0); `done(name, result, start, end)` in this
-    process as each finishes, times from time.time(). The first error is raised once the others have finished."""
+    process as each finishes, times from time.time(). Once every task has ended, the errors are raised in the tasks'
+    order, whichever finished first: the spec errors all together (SpecErrors where there are several), else the first."""
+    errors: dict[int, BaseException] = {}
     if not workers:
-        for name, task in tasks:
+        for k, (name, task) in enumerate(tasks):
             start = time.time()
-            result = work(task, ops) if ops else work(task)
-            done(name, result, start, time.time())
-        return
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
-        futures: dict[Future[tuple[Any, float, float]], str] = {pool.submit(_timed, work, task): name for name, task in tasks}
-        error: BaseException | None = None
-        for future in as_completed(futures):
             try:
-                result, start, end = future.result()
-            except BaseException as exc:  # noqa: BLE001  (re-raised below, after the other tasks)
-                error = error or exc
+                result = work(task, ops) if ops else work(task)
+            except UserError as exc:
+                errors[k] = exc
                 continue
-            done(futures[future], result, start, end)
-        if error is not None:
-            raise error
+            done(name, result, start, time.time())
+    else:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+            futures: dict[Future[tuple[Any, float, float]], int] = {pool.submit(_timed, work, task): k for k, (_, task) in enumerate(tasks)}
+            for future in as_completed(futures):
+                k = futures[future]
+                try:
+                    result, start, end = future.result()
+                except BaseException as exc:  # noqa: BLE001  (raised below, after the other tasks)
+                    errors[k] = exc
+                    continue
+                done(tasks[k][0], result, start, end)
+    _raise_in_order([errors[k] for k in sorted(errors)])
+
+
+def _raise_in_order(errors: list[BaseException]) -> None:
+    spec_errors = [e for e in errors if isinstance(e, SpecError)]
+    if len(errors) != len(spec_errors):
+        raise next(e for e in errors if not isinstance(e, SpecError))
+    if len(spec_errors) > 1:
+        raise SpecErrors(spec_errors)
+    if spec_errors:
+        raise spec_errors[0]
 
 
 def _timed(work: Callable[[T], Any], task: T) -> tuple[Any, float, float]:

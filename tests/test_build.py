@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import venv
@@ -192,6 +193,22 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
         assert result.returncode == 1, result.stderr
         assert "the built package 'mlp' does not import; the previous package is left in place" in result.stderr
         assert "does not define module export function" in result.stderr and "Traceback" not in result.stderr
+
+        # A package that builds and imports but computes something else than the program it was compiled from (here its
+        # weights file altered after codegen): running it at its smallest, example and largest sizes fails the build.
+        weights_file = workdir / "build" / "mlp" / "codegen" / "forward_cpu" / "weights.safetensors"
+        good_weights = weights_file.read_bytes()
+        (length,) = struct.unpack("<Q", good_weights[:8])
+        data = torch.frombuffer(bytearray(good_weights[8 + length:]), dtype=torch.float32) * 1.5
+        weights_file.write_bytes(good_weights[:8 + length] + data.numpy().tobytes())
+        try:
+            result = shimgen("build", spec, "--out", workdir)
+        finally:
+            weights_file.write_bytes(good_weights)
+        assert result.returncode == 1, result.stderr
+        assert ("the built package 'mlp' does not compute what its traced program does; the previous package is left in place: "
+                "graph[0] (forward, cpu) at smallest (batch=1): output 0 differs from the traced program") in result.stderr
+        assert "Traceback" not in result.stderr
     finally:
         spec.write_text(original)
     assert (_digest(wheel), sorted(p.name for p in (site / "mlp").iterdir())) == before

@@ -1,9 +1,14 @@
-"""The weights of a shimgen package: its weights files mapped at import, and load_weights().
+"""The weights of a shimgen package: its weights files mapped at import, load_weights(), and the state its graphs mutate.
 
 Shipped unchanged in every package built by shimgen. Each graph's extension takes its weights as one tensor of
 bytes per constant of Inductor's model, in the model's order, for its dynamic model and then each specialized
 variant (`_set_weights`); this module finds those bytes (in a weights file, a state dict or a checkpoint) and checks
 names, dtypes and shapes before handing them over.
+
+State: a buffer a graph updates in place (a counter, a static KV cache) is one tensor per device for the whole package,
+allocated at import from the weights file's initial values and handed to every graph and variant that names it, so a
+graph sees the updates of any other (prefill fills the cache decode reads). The graphs that mutate state run one call at
+a time across the package (their extensions share one lock); load_weights() leaves the state as it is.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class Unit:
         self.models += [(v["name"], v["constants"]) for v in unit.get("variants", ())]
         self.unused = set(unit.get("unused_weights", ()))  # the model's weights the compiled graph does not read
         self.file = os.path.join(directory, unit["weights_file"]) if unit.get("weights_file") else None
+        self.stateful = any(c.get("state") for c in self.constants)
 
     @property
     def constants(self) -> list[dict[str, Any]]:
@@ -101,6 +107,8 @@ class Unit:
         return [[copies[c["fqn"]] for c in constants] for _, constants in self.models]
 
     def _copy(self, c: dict[str, Any], value: Any) -> torch.Tensor | None:
+        if c.get("state"):
+            return None  # the package's state, whatever the state dict holds
         if value is None:
             if c["kind"] == "Parameter":  # buffers and constants left out keep their values
                 raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is missing")
@@ -128,19 +136,76 @@ class Unit:
 
 
 class Weights:
-    """The package's graphs and their weights; maps the weights files at import."""
+    """The package's graphs and their weights; maps the weights files at import and allocates the state."""
 
     def __init__(self, package: str, init_file: str) -> None:
         directory = os.path.dirname(init_file)
         with open(os.path.join(directory, MANIFEST)) as f:
             manifest = json.load(f)
         self.units = [Unit(package, directory, u, bool(manifest.get("freezing"))) for u in manifest["units"]]
+        # By device, then weight name: the initial value (the file's bytes) and the live tensor every graph reads and writes.
+        self.initial: dict[str, dict[str, torch.Tensor]] = {}
+        self.live: dict[str, dict[str, torch.Tensor]] = {}
         for unit in self.units:
             if unit.file:
                 given = unit.from_file(*read_safetensors(unit.file))
                 if given is None:
                     raise ImportError(f"{unit.file} does not hold the weights of graph {unit.graph}; reinstall the package")
-                unit.module._set_weights(given)
+                unit.module._set_weights(self._with_state(unit, given))
+        groups = [group for group in (unit.module._state_group() for unit in self.units) if group is not None]
+        for unit in self.units:
+            if groups:
+                unit.module._join_state_group(groups[0])
+
+    def _with_state(self, unit: Unit, given: list[list[Any]]) -> list[list[Any]]:
+        """`given` with each state constant's bytes replaced by the package's live state (made from them the first time)."""
+        initial, live = self.initial.setdefault(unit.device, {}), self.live.setdefault(unit.device, {})
+        for (_, constants), tensors in zip(unit.models, given, strict=True):
+            for i, c in enumerate(constants):
+                if not c.get("state"):
+                    continue
+                if c["fqn"] not in live:
+                    if tensors[i] is None:
+                        continue
+                    dtype = getattr(torch, c["dtype"])
+                    initial[c["fqn"]] = tensors[i].clone().view(dtype).reshape(c["shape"])
+                    live[c["fqn"]] = initial[c["fqn"]].clone()
+                tensors[i] = _as_bytes(live[c["fqn"]])
+        return given
+
+    def state(self, device: str | None = None) -> dict[str, torch.Tensor]:
+        """Copies of the state the graphs mutate (buffers updated in place), by weight name, as the last call left it, on
+        `device` ('cpu' or 'cuda'; default: the first target's)."""
+        units = [u for u in self.units if u.stateful]
+        device = device or (units[0].device if units else "cpu")
+        result: dict[str, torch.Tensor] = {}
+
+        def read() -> None:
+            result.update({name: t.clone() for name, t in self.live.get(device, {}).items()})
+            for unit in units:
+                if unit.device == device and device != "cpu":
+                    result.update({name: t.clone() for name, t in unit.module._state().items()})
+
+        self._locked(read)
+        return result
+
+    def reset_state(self) -> None:
+        """Put the state back to its initial values (those the package was built with), on every device."""
+        def reset() -> None:
+            for device, live in self.live.items():
+                for name, t in live.items():
+                    t.copy_(self.initial[device][name])
+            for unit in self.units:
+                if unit.stateful and unit.device != "cpu":
+                    for name, t in unit.module._state().items():
+                        t.copy_(self.initial[unit.device][name])
+
+        self._locked(reset)
+
+    def _locked(self, fn: Any) -> None:
+        stateful = [u for u in self.units if u.stateful]
+        if stateful:
+            stateful[0].module._with_state_lock(fn)
 
     def load(self, weights: Mapping[str, torch.Tensor] | str | os.PathLike[str], graphs: Iterable[str] | None = None) -> None:
         """Replace the weights of the package's graphs (all, or those named) with `weights`: a state dict, a
@@ -166,17 +231,16 @@ class Weights:
         if unknown:
             raise WeightsError(self._unknown(unknown))
         for unit, given in plans:
-            unit.module._set_weights(given)
+            unit.module._set_weights(self._with_state(unit, given))
 
-    @staticmethod
-    def _load_file(path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str], units: list[Unit]) -> None:
+    def _load_file(self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str], units: list[Unit]) -> None:
         found = [(unit, unit.from_file(tensors, metadata)) for unit in units]
         found = [(unit, given) for unit, given in found if given is not None]
         if not found:
             raise WeightsError(f"{path} holds the weights of no graph in this package as it was built ({', '.join(u.name for u in units)}): "
                                "it comes from a build of another model, or with other flags")
         for unit, given in found:
-            unit.module._set_weights(given)
+            unit.module._set_weights(self._with_state(unit, given))
 
     def _select(self, graphs: Iterable[str] | None) -> list[Unit]:
         if graphs is None:
