@@ -25,21 +25,23 @@ class Comparison:
     ok: bool
 
 
-def cases(graph: Graph) -> list[tuple[str, dict[str, int]]]:
+def cases(graph: Graph, made: list[dict[str, int]] | None = None) -> list[tuple[str, dict[str, int]]]:
     """(label, dim sizes): the example, then each dim at min, middle, max with the others at their example, then each
-    specialized variant's sizes."""
+    variant's sizes (`made`: those the build made, automatic ones too; default: those the spec lists)."""
     base = example_sizes(graph)
     out = [("example", base)]
     for name, dim in graph.dims.items():
         middle = (dim.min + dim.max) // 2 // dim.multiple_of * dim.multiple_of
         for size in dict.fromkeys((dim.min, max(dim.min, middle), dim.max)):
             out.append((f"{name}={size}", {**base, name: size}))
-    for sizes in specializations(graph):
+    for sizes in specializations(graph) if made is None else made:
         out.append(("variant " + ",".join(f"{name}={size}" for name, size in sizes.items()), {**base, **sizes}))
     return out
 
 
-def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path) -> list[Comparison]:
+def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path, made: dict[str, list[dict[str, int]]] | None = None) -> list[Comparison]:
+    """Each graph of the built package against eager at the example, min, middle and max sizes and each variant's (`made`: by
+    graph, the sizes of the variants the build made)."""
     import torch
 
     sys.path.insert(0, str(package_dir))
@@ -58,7 +60,7 @@ def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path) -> list[Compar
             compiled = getattr(pkg, graph.name)
             if hasattr(pkg, "reset_state"):  # the graph and a fresh model start from the same state
                 pkg.reset_state()
-            for n, (label, sizes) in enumerate(cases(graph)):
+            for n, (label, sizes) in enumerate(cases(graph, made.get(graph.name) if made is not None else None)):
                 inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed + n)]
                 label = label if len(spec.target) == 1 else f"{device}: {label}"
                 with torch.no_grad():

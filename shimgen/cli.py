@@ -211,6 +211,9 @@ def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
         print(f"  {stage:<10} {seconds:>8.2f}", file=err)
     print(f"  {'elapsed':<10} {result.elapsed:>8.2f}  (stages of several units overlap)"
           if result.elapsed < sum(result.stages.values()) - 0.5 else f"  {'total':<10} {result.elapsed:>8.2f}", file=err)
+    for m in result.models:
+        if m.get("automatic"):
+            print(f"  {m['unit']} {', '.join(f'{d}={n}' for d, n in m['variant'].items())}: a variant of its own: {m['automatic']}", file=err)
     if any(m["variant"] for m in result.models):
         print("  models (this build's seconds; bytes in the package, a variant's weights those it adds):", file=err)
         for m in result.models:
@@ -238,7 +241,12 @@ def _check(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec)
     if args.only:
         spec = dataclasses.replace(spec, target=[matrix.select(spec, args.only).target])
-    rows = compare(spec, args.spec.parent.resolve(), result.package_dir)
+    made: dict[str, list[dict[str, int]]] = {}
+    for model in result.models:
+        if model["variant"]:
+            sizes = made.setdefault(model["unit"].rpartition("_")[0], [])
+            sizes += [model["variant"]] if model["variant"] not in sizes else []
+    rows = compare(spec, args.spec.parent.resolve(), result.package_dir, made)
     failed = [r for r in rows if not r.ok]
     print(f"\n{'graph':<12} {'case':<14} {'output':<24} {'max abs err':>12} {'max rel err':>12}", file=sys.stderr)
     for r in rows:

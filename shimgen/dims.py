@@ -64,12 +64,31 @@ def _spec_error(exc: Exception, graph: Graph, where: str) -> SpecError:
     return range_error(graph, where, name, guard, _suggested_fix(text, name, graph) or _bound_fix(guard, graph))
 
 
-def range_error(graph: Graph, where: str, name: str, condition: str, fix: str) -> SpecError:
+class RangeError(SpecError):
+    """A dim whose declared range the model cannot take as a whole: the condition it needs, and the smallest size of the
+    range that meets it where only the sizes below it fail (the build makes those sizes variants of their own)."""
+
+    def __init__(self, file: str, where: str, message: str, dim: str = "", condition: str = "", raised_min: int | None = None) -> None:
+        super().__init__(file, where, message)
+        self.dim, self.condition, self.raised_min = dim, condition, raised_min
+
+    def __reduce__(self) -> tuple[type[RangeError], tuple[str, str, str, str, str, int | None]]:  # type: ignore[override]
+        return RangeError, (self.file, self.where, self.message, self.dim, self.condition, self.raised_min)
+
+
+_RANGE_FIX = re.compile(r"^dims\.(\w+) = \{ min = (\d+), max = (\d+)(?:, multiple_of = (\d+))? \}$")
+
+
+def range_error(graph: Graph, where: str, name: str, condition: str, fix: str) -> RangeError:
     """The spec error for a dim whose declared range the model cannot take as a whole."""
     dim = graph.dims[name]
     need = f"; write {fix}" if fix else "; narrow the range, or change the model so that it takes every size in it"
-    return SpecError("", f"{where}.dims.{name}",
-                     f"the model cannot take every size of '{name}' in [{dim.min}, {dim.max}]: it needs {condition}{need}")
+    found = _RANGE_FIX.match(fix)
+    raised = (found and found[1] == name and int(found[3]) == dim.max and int(found[4] or 1) == dim.multiple_of
+              and int(found[2]) > dim.min)
+    return RangeError("", f"{where}.dims.{name}",
+                      f"the model cannot take every size of '{name}' in [{dim.min}, {dim.max}]: it needs {condition}{need}",
+                      name, condition, int(found[2]) if raised and found else None)
 
 
 def _bound_fix(condition: str, graph: Graph) -> str:

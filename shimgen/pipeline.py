@@ -282,8 +282,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
                                      built.launcher, lambda msg: report("ops", msg))
     job = Job(spec, layout, tc, tools, State(layout.state_file, fresh=force), timeline, ops, tuning, shared, verify)
     units = _generate_all(job)
-    job.state.forget_all_but("unit:", {f"unit:{kind}:{name}" for g in spec.graph for t in spec.target for name, _ in variants.works(g, t)
-                                       for kind in ("trace", "codegen")})
+    job.state.forget_all_but("unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")})
     version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
     wheel_key = _wheel_key(job, units, version)
     packaged = _shared_wheel(job, wheel_key, units) if shared else None
@@ -338,7 +337,8 @@ def _models(package: str, units: list[Unit], timeline: Timeline, compiled: Compi
             library = next(iter((site / package).glob(f"_{u.name}.*.so")), None) if variant is None else site / package / f"{u.library(variant)}.so"
             stages = {stage: round(sum(end - start for name, unit, start, end in timeline.events if name == stage and unit == work), 3)
                       for stage in ("trace", "codegen")}
-            models.append({"unit": u.name, "variant": dict(variant.sizes) if variant else None, **stages,
+            models.append({"unit": u.name, "variant": dict(variant.sizes) if variant else None,
+                           "automatic": variant.automatic if variant else "", **stages,
                            "compile": round(compile_seconds.get(work, 0.0), 3),
                            "library_bytes": library.stat().st_size if library and library.is_file() else 0,
                            "weights_bytes": weights.variant_bytes(weights_file, variant.name) if variant and weights_file.is_file() else None})
@@ -399,16 +399,6 @@ def _generate_all(job: Job) -> list[Unit]:
     works = [(name, i, g, t, sizes) for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, g in enumerate(spec.graph)
              for name, sizes in variants.works(g, t)]
     traced: dict[str, TraceResult] = {}
-    to_trace = []
-    for name, i, graph, target, sizes in works:
-        graph = variants.traced_graph(graph, sizes)
-        key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
-        found = _known_trace(job, name, key)
-        if found is not None:
-            traced[name] = found
-            continue
-        _require_gpu(spec, target, job)
-        to_trace.append((name, workers.TraceTask(graph, f"graph[{i}]", layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2", key)))
 
     def record_trace(name: str, result: TraceResult, start: float, end: float) -> None:
         job.timeline.record("trace", name, start, end)
@@ -416,7 +406,22 @@ def _generate_all(job: Job) -> list[Unit]:
         state.commit(f"unit:trace:{name}", result)
         _store_trace(job, result)
 
-    _run(job, "trace", to_trace, workers.run_trace, record_trace)
+    pending = works
+    while pending:  # then the variants of the sizes a trace left out of its dynamic range, and theirs
+        to_trace = []
+        for name, i, graph, target, sizes in pending:
+            graph = variants.traced_graph(graph, sizes)
+            key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
+            found = _known_trace(job, name, key)
+            if found is not None:
+                traced[name] = found
+                continue
+            _require_gpu(spec, target, job)
+            to_trace.append((name, workers.TraceTask(graph, f"graph[{i}]", layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2",
+                                                     key)))
+        _run(job, "trace", to_trace, workers.run_trace, record_trace)
+        pending = variants.left_out(works, traced)
+        works += pending
     code: dict[str, CodegenResult] = {}
     to_generate: list[tuple[str, workers.CodegenTask]] = []
     for name, i, _, target, _ in works:
@@ -443,8 +448,14 @@ def _generate_all(job: Job) -> list[Unit]:
         code[name] = generated
 
     _run(job, "codegen", to_generate, workers.run_codegen, record_codegen)
-    return [Unit(g, t, code[unit_name(g, t)], tuple(Variant(tuple(sizes.items()), code[name]) for name, sizes in variants.works(g, t)[1:]))
-            for t in spec.target for g in spec.graph]
+    units = []
+    for t in spec.target:
+        for g in spec.graph:
+            made = [(name, sizes) for name, _, graph, target, sizes in works if graph is g and target is t and sizes]
+            made.sort(key=lambda work: -len(work[1]))  # the most specific first: a call runs the first whose sizes match
+            units.append(Unit(g, t, code[unit_name(g, t)], tuple(Variant(tuple(sizes.items()), code[name], variants.reason(g, t, sizes, traced))
+                                                                 for name, sizes in made)))
+    return units
 
 
 def _run(job: Job, stage: str, tasks: list[tuple[str, Any]], work: Callable[..., Any], done: Callable[[str, Any, float, float], None]) -> None:

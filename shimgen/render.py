@@ -171,7 +171,8 @@ def render_project(
         "op_modules": _op_modules(spec, units),
         "freezing": spec.flags.freezing,
         "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g), spec.runtime.instances,
-                                         any(t.device == "cpu" for t in spec.target), state=next(u.code.state for u in units if u.graph is g))
+                                         any(t.device == "cpu" for t in spec.target), state=next(u.code.state for u in units if u.graph is g),
+                                         made=next(u.variants for u in units if u.graph is g))
                        for g in spec.graph},
     }
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
@@ -263,7 +264,8 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "state": sorted({name for _, code in u.generated for name in code.state}),
         "variants": [{"label": _label(v), "library": f"{u.library(v)}.so", "dim_sizes": [dict(v.sizes).get(name, -1) for name in graph.dims],
                       "captured": cuda_graphs and variants.fully_static(graph, dict(v.sizes))} for v in u.variants],
-        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, u.target.device == "cpu", cuda_graphs, u.code.state),
+        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, u.target.device == "cpu", cuda_graphs, u.code.state,
+                               u.variants),
     }
 
 
@@ -273,8 +275,9 @@ def _label(variant: Variant) -> str:
 
 
 def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | None = None, cpu: bool = False, cuda_graphs: bool = False,
-              state: tuple[str, ...] = ()) -> str:
-    """The callable's docstring; `instances` and `cpu` add how calls share threads, `state` what the graph mutates."""
+              state: tuple[str, ...] = (), made: tuple[Variant, ...] = ()) -> str:
+    """The callable's docstring; `instances` and `cpu` add how calls share threads, `state` what the graph mutates, `made`
+    its variants."""
     positional = [i.name for i in graph.inputs if not i.keyword]
     keyword = [i.name for i in graph.inputs if i.keyword]
     params = ", ".join(positional + (["*"] + keyword if keyword else []))
@@ -287,11 +290,14 @@ def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | Non
         lines.append("Dynamic dims:")
         lines += [f"  {name}: {d.min}..{d.max}" + (f", specialized for {', '.join(map(str, d.specialize))}" if d.specialize else "")
                   for name, d in graph.dims.items()]
-    specialized = variants.specializations(graph)
-    if specialized:
-        captured = " (replayed from CUDA graphs)" if cuda_graphs and variants.fully_static(graph, specialized[0]) else ""
+    listed = [v for v in made if not v.automatic]
+    if listed:
+        captured = " (replayed from CUDA graphs)" if cuda_graphs and variants.fully_static(graph, dict(listed[0].sizes)) else ""
         lines.append(f"Specialized variants{captured}, each compiled for its sizes; other sizes run the dynamic code:")
-        lines.append("  " + "; ".join(", ".join(f"{dim}={size}" for dim, size in sizes.items()) for sizes in specialized))
+        lines.append("  " + "; ".join(_label(v) for v in listed))
+    for v in made:
+        if v.automatic:
+            lines.append(f"{_label(v)} runs code compiled for it: {v.automatic}.")
     if cpu:
         lines.append("Threads: CPU kernels run on as many threads as torch.get_num_threads() gives in the calling thread at the "
                      "call (torch.set_num_threads); one thread runs them without an OpenMP team.")

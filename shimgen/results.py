@@ -60,6 +60,7 @@ class TraceResult:
     structure: str = ""  # trace.structure_key: the program without its weights' values
     weights: str = ""  # trace.weights_key: the weights' values
     state: tuple[str, ...] = ()  # the buffers the program mutates (trace.mutated_state), by the program's names
+    narrowed: tuple[tuple[str, int, str], ...] = ()  # (dim, min, condition): the program takes the dim from min (trace._export_narrowing)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -138,6 +139,7 @@ class Variant:
 
     sizes: tuple[tuple[str, int], ...]  # (dim, size) in the graph's order of dims
     code: CodegenResult
+    automatic: str = ""  # why the build made it, where the spec did not list it: the condition torch.export needs
 
     @property
     def name(self) -> str:

@@ -24,6 +24,7 @@ from .spec.model import build_fields
 from .toolchain import Toolchain
 
 _CONTAINERS = {tuple: TUPLE, list: LIST, dict: DICT}
+AUTO_SIZES = 8  # sizes of a dim below what torch.export can keep in the dynamic range that become variants of their own
 
 
 def trace_key(graph: Graph, target: Target, tc: Toolchain, spec_dir: Path, ops_key: str | None) -> str:
@@ -67,19 +68,42 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
             initial.restore()  # the program starts from the state the model had before any call
             out_nodes = _out_nodes(eager, spec_dir, where)
             adapter = _spec_order_module(model, graph)
-            program = dims.export(adapter, inputs, graph, where)
-            initial.restore()
-            program_initial = Saved(program_state(program))
-            dims.check_smallest(program, model, graph, where, device, initial, program_initial)
-            program_initial.restore()
-            initial.restore()
+            program, narrowed = _export_narrowing(adapter, model, inputs, graph, where, device, initial)
     num_outputs = sum(1 for n in out_nodes if n.kind == TENSOR)
     if program.call_spec.out_spec.num_leaves != num_outputs:
         raise SpecError("", where, f"the traced model returns {program.call_spec.out_spec.num_leaves} tensors, eager {num_outputs}")
     program_file.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(program_file))
     return TraceResult(key, program_file, tuple(out_nodes), num_outputs, tuple((str(p), file_hash(p)) for p in sorted(reads)),
-                       structure_key(program), weights_key(program), mutated_state(program))
+                       structure_key(program), weights_key(program), mutated_state(program), tuple(narrowed))
+
+
+def _export_narrowing(adapter: Any, model: Any, inputs: list[Any], graph: Graph, where: str, device: str,
+                      initial: Saved) -> tuple[Any, list[tuple[str, int, str]]]:
+    """The exported program, and the dims whose smallest sizes it leaves out: where torch.export cannot keep a dim's
+    sizes below some bound inside the dynamic range (`x.shape[0] > 1`), the program takes the range from that bound and
+    each size below it becomes a variant of its own (dim, new min, the condition), up to AUTO_SIZES per dim."""
+    narrowed: list[tuple[str, int, str]] = []
+    traced = graph
+    while True:
+        try:
+            program = dims.export(adapter, inputs, traced, where)
+            initial.restore()
+            program_initial = Saved(program_state(program))
+            dims.check_smallest(program, model, traced, where, device, initial, program_initial)
+            program_initial.restore()
+            initial.restore()
+            return program, narrowed
+        except dims.RangeError as exc:
+            initial.restore()
+            dim = graph.dims.get(exc.dim)
+            if exc.raised_min is None or dim is None or (exc.raised_min - dim.min) // dim.multiple_of > AUTO_SIZES:
+                raise
+            narrowed.append((exc.dim, exc.raised_min, exc.condition))
+            kept = dataclasses.replace(traced.dims[exc.dim], min=exc.raised_min)
+            if kept.example is not None and kept.example < kept.min:
+                raise
+            traced = dataclasses.replace(traced, dims={**traced.dims, exc.dim: kept})
 
 
 class Saved:

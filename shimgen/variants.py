@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
 
-from .results import unit_name, variant_name
+from .errors import SpecError
+from .results import TraceResult, unit_name, variant_name
 from .spec import Graph, Target
+from .spec.model import VARIANTS_LIMIT
 
 
 def specializations(graph: Graph) -> list[dict[str, int]]:
@@ -35,3 +38,37 @@ def works(graph: Graph, target: Target) -> list[tuple[str, dict[str, int]]]:
     each variant's (`<unit>__<variant>`)."""
     unit = unit_name(graph, target)
     return [(unit, {})] + [(f"{unit}__{variant_name(sizes)}", sizes) for sizes in specializations(graph)]
+
+
+def left_out(works: list[tuple[str, int, Graph, Target, dict[str, int]]], traced: dict[str, TraceResult]) -> list[Any]:
+    """The works (as in pipeline: name, graph index, graph, target, sizes) of the sizes each traced work left out of its
+    dynamic range (TraceResult.narrowed), each fixed in a variant of its own, that `works` lacks."""
+    known = {name for name, *_ in works}
+    new = []
+    for name, i, graph, target, sizes in works:
+        for dim, kept_min, condition in traced[name].narrowed if name in traced else ():
+            declared = graph.dims[dim]
+            for size in range(declared.min, kept_min, declared.multiple_of):
+                fixed = {d: ({**sizes, dim: size})[d] for d in graph.dims if d in sizes or d == dim}
+                variant = f"{unit_name(graph, target)}__{variant_name(fixed)}"
+                if variant not in known:
+                    known.add(variant)
+                    new.append((variant, i, graph, target, fixed))
+            count = sum(1 for n, *_ in works + new if n.startswith(unit_name(graph, target) + "__"))
+            if count > VARIANTS_LIMIT:
+                raise SpecError("", f"graph[{i}].dims.{dim}", f"the model cannot take every size of '{dim}' in [{declared.min}, {declared.max}]: it "
+                                f"needs {condition}, and building the sizes below {kept_min} as variants of their own would make {count} "
+                                f"variants (at most {VARIANTS_LIMIT}); write dims.{dim} = {{ min = {kept_min}, ... }}")
+    return new
+
+
+def reason(graph: Graph, target: Target, sizes: dict[str, int], traced: dict[str, TraceResult]) -> str:
+    """Why the build made the variant of `sizes`, where the spec does not list it; empty where it does."""
+    if sizes in specializations(graph):
+        return ""
+    unit = unit_name(graph, target)
+    for name, result in traced.items():
+        for dim, kept_min, condition in result.narrowed if name == unit or name.startswith(unit + "__") else ():
+            if sizes.get(dim, kept_min) < kept_min:
+                return f"torch.export cannot keep {dim}={sizes[dim]} in the dynamic range (the model needs {condition} there)"
+    return ""

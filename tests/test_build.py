@@ -219,6 +219,19 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
     assert check.stdout.strip() == "torch.Size([2, 32])", check.stderr
 
 
+def test_every_graph_error_is_reported_in_spec_order(workdir: Path, tmp_path: Path) -> None:
+    # Two graphs whose models reject their inputs, traced at once in worker processes: whichever finishes first, the
+    # build reports both, graph[0] first.
+    spec = workdir / "projects" / "two_broken.toml"
+    graph = '[[graph]]\nname = "{}"\nentry = "models.mlp:mlp"\nkwargs = {{ width = 32, depth = 2 }}\ninputs = [{{ name = "x", shape = [2, {}] }}]\n'
+    spec.write_text('[project]\nname = "two_broken"\n\n' + graph.format("first", 31) + graph.format("second", 33))
+    result = shimgen("build", spec, "--out", tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("shimgen: ")]
+    assert [line.split(": ")[2] for line in lines] == ["graph[0].inputs", "graph[1].inputs"], result.stderr
+    assert all("the model rejected the example inputs" in line for line in lines) and "Traceback" not in result.stderr
+
+
 def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
     spec = workdir / "projects" / "mlp_portable.toml"
     spec.write_text((workdir / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_portable"')

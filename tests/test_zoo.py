@@ -77,8 +77,12 @@ def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Pat
     spec.write_text(original.replace(old, new))
     result = shimgen("build", spec, "--out", tmp_path)
     assert result.returncode == 2, result.stderr
+    # Every graph the edit breaks is reported, in spec order: the first line is graph[0]'s.
     pattern = re.escape(f"shimgen: {spec}: {message}").replace(re.escape("{input}"), "(input_ids|attention_mask|token_type_ids)")
-    assert re.fullmatch(pattern, result.stderr.strip().splitlines()[-1]), result.stderr
+    reported = [line for line in result.stderr.strip().splitlines() if line.startswith("shimgen: ")]
+    assert re.fullmatch(pattern, reported[0]), result.stderr
+    where = [line.removeprefix(f"shimgen: {spec}: ").split(":")[0] for line in reported]
+    assert where == sorted(where), result.stderr
     assert "Traceback" not in result.stderr
 
 
