@@ -167,7 +167,10 @@ def make_inputs(graph: Graph, sizes: dict[str, int], seed: int) -> list[Any]:
     for inp in graph.inputs:
         shape = [sizes[s] if isinstance(s, str) else s for s in inp.shape]
         dtype = getattr(torch, inp.dtype)
-        if dtype.is_floating_point:
+        if inp.values == "arange":
+            start = 0 if inp.low is None else inp.low
+            t = (torch.arange(shape[-1] if shape else 1) + start).to(dtype).expand(shape).contiguous() if shape else torch.tensor(start, dtype=dtype)
+        elif dtype.is_floating_point:
             low = -1.0 if inp.low is None else inp.low
             high = 1.0 if inp.high is None else inp.high
             t = (torch.rand(shape, generator=gen) * (high - low) + low).to(dtype)

@@ -88,6 +88,7 @@ def _export_narrowing(adapter: Any, model: Any, inputs: list[Any], graph: Graph,
     while True:
         try:
             program = dims.export(adapter, inputs, traced, where)
+            state_as_buffers(program)
             initial.restore()
             program_initial = Saved(program_state(program))
             dims.check_smallest(program, model, traced, where, device, initial, program_initial)
@@ -143,6 +144,42 @@ def program_state(program: Any) -> dict[str, Any]:
     buffers = set(program.graph_signature.buffers)
     return {name: t for name, t in {**program.state_dict, **program.constants}.items()
             if isinstance(t, torch.Tensor) and (name in buffers or name in program.constants)}
+
+
+def state_as_buffers(program: Any) -> None:
+    """In place: every tensor the program mutates is one of its buffers. torch.export lifts a tensor the model reaches
+    through a plain Python object (transformers' StaticCache layers, whose tensors are also the model's buffers) as a
+    constant, and Inductor refuses to compile a mutated constant ("mutating a non-functional tensor with a functional
+    tensor is not allowed", AOTInductor too). A lifted constant that is a buffer's very tensor is read as that buffer; any
+    other constant the program mutates becomes a buffer of its own."""
+    from torch.export.graph_signature import InputKind, InputSpec
+
+    signature = program.graph_signature
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    buffers = {_tensor_identity(_value(program, spec.target)): spec for spec in signature.input_specs if spec.kind == InputKind.BUFFER}
+    kept = []
+    for spec in signature.input_specs:
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            same = buffers.get(_tensor_identity(program.constants[spec.target]))
+            if same is not None:
+                placeholders[spec.arg.name].replace_all_uses_with(placeholders[same.arg.name])
+                program.graph.erase_node(placeholders[spec.arg.name])
+                del program.constants[spec.target]
+                continue
+            if _written(placeholders[spec.arg.name]):
+                program.state_dict[spec.target] = program.constants.pop(spec.target)
+                spec = InputSpec(kind=InputKind.BUFFER, arg=spec.arg, target=spec.target, persistent=True)
+        kept.append(spec)
+    signature.input_specs[:] = kept
+    program.graph_module.recompile()
+
+
+def _value(program: Any, name: str) -> Any:
+    return program.state_dict[name] if name in program.state_dict else program.constants[name]
+
+
+def _tensor_identity(t: Any) -> tuple[Any, ...]:
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
 def mutated_state(program: Any) -> tuple[str, ...]:

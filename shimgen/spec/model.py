@@ -103,6 +103,11 @@ class Input:
         "Not for bool.",
         default=None,
     )
+    values: Literal["random", "arange"] = doc(
+        "Example values: 'random' (between low and high), or 'arange': low, low + 1, ... along the last dim, as positions "
+        "are (a KV cache's cache_position).",
+        default="random",
+    )
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Vision models from timm and torchvision, from small configs (random weights, no downloads).
+"""Importing torchvision (which timm and transformers' export integration import) on any torch build.
 
 torchvision's wheel on PyPI is a CUDA build: on a CPU build of torch its ops library (nms, roi_align...) does not load,
 and its import then fails where it registers a fake implementation for `torchvision::nms` and `qnms` regardless. The models here
