@@ -365,10 +365,11 @@ def _out_node_table(nodes: tuple[OutNode, ...]) -> list[dict[str, Any]]:
 
 def _out_object_table(nodes: tuple[OutNode, ...]) -> list[dict[str, Any]]:
     """The binding's kOutObjects: the OBJECT nodes' types in preorder (binding.cpp.j2's Construct, Fallback)."""
-    construct = {None: 0, "positional": 1, "keyword": 2, "sequence": 3}
+    construct = {None: 0, "positional": 1, "keyword": 2, "sequence": 3, "unflatten": 4}
     fallback = {"namedtuple": 0, "dict": 1, "tuple": 2}
     return [{"module": t.module, "qualname": t.qualname, "name": t.name, "fields": list(t.fields or ()), "dropped": list(t.dropped),
-             "construct_id": construct[t.construct], "fallback_id": fallback[t.fallback]} for t in _types(nodes)]
+             "construct_id": construct[t.construct], "fallback_id": fallback[t.fallback],
+             "unflatten": t.unflatten.split(":") if t.unflatten else ["", ""], "context": t.context} for t in _types(nodes)]
 
 
 def _remove_stale(out: Path, keep: set[Path]) -> None:

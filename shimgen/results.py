@@ -16,7 +16,7 @@ from .spec import Graph, Target
 # Output tree nodes in preorder, as the binding rebuilds them (kinds match binding.cpp.j2).
 TENSOR, TUPLE, LIST, DICT, NONE, OBJECT = range(6)
 # How the binding calls an OBJECT node's own type (binding.cpp.j2's Construct).
-POSITIONAL, KEYWORD, SEQUENCE = "positional", "keyword", "sequence"
+POSITIONAL, KEYWORD, SEQUENCE, UNFLATTEN = "positional", "keyword", "sequence", "unflatten"
 
 R = TypeVar("R")
 
@@ -31,9 +31,11 @@ class OutType:
     qualname: str
     fields: tuple[str, ...] | None  # the children's names, in order; None where the node does not name them
     dropped: tuple[str, ...]  # fields that were None, which the pytree leaves out: passed as None to the type
-    construct: str | None  # POSITIONAL cls(*children), KEYWORD cls(**fields), SEQUENCE cls(children); None: fallback always
+    construct: str | None  # POSITIONAL cls(*children), KEYWORD cls(**fields), SEQUENCE cls(children), UNFLATTEN; None: fallback always
     fallback: str  # "namedtuple" (same name and fields), "dict" (in field order) or "tuple"
     reason: str = ""  # why construct is None
+    unflatten: str = ""  # UNFLATTEN: the pytree registration's unflatten function, "module:qualname", called (children, context)
+    context: str = ""  # UNFLATTEN: the node's pytree context, pickled, base64
 
     @property
     def name(self) -> str:

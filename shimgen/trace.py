@@ -6,9 +6,11 @@ spec order: the binding can hand them to AOTInductor as they come.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import keyword
+import pickle
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +20,7 @@ from . import custom_ops, dims, entry, weights
 from .entry import call_model, describe, example_sizes, load_model, make_inputs, project_scope
 from .errors import SpecError
 from .files import file_hash, source_hash, stage_key
-from .results import DICT, KEYWORD, LIST, NONE, OBJECT, POSITIONAL, SEQUENCE, TENSOR, TUPLE, CustomOps, OutNode, OutType, TraceResult
+from .results import DICT, KEYWORD, LIST, NONE, OBJECT, POSITIONAL, SEQUENCE, TENSOR, TUPLE, UNFLATTEN, CustomOps, OutNode, OutType, TraceResult
 from .spec import Graph, Target
 from .spec.model import build_fields
 from .toolchain import Toolchain
@@ -295,6 +297,12 @@ def _step(kind: int, index: int, key: str | int | None) -> str:
 
 
 def _leaf_advice(value: Any) -> str:
+    cls = type(value)
+    if cls.__module__.startswith("transformers.") and cls.__name__.endswith("Cache"):
+        return (f"torch.export returns a {cls.__name__} once transformers registers it: call "
+                "transformers.integrations.executorch.register_dynamic_cache_export_support() where the model is built (the "
+                "package then returns it too), or build the model with use_cache=False, or export it with transformers' "
+                "static-cache recipe (TorchExportableModuleWithStaticCache, the KV cache kept as state in the package)")
     if dataclasses.is_dataclass(value):
         return f"a dataclass in the output needs torch.export.register_dataclass({type(value).__name__}) where it is defined"
     return "outputs may hold tensors and None in any structure torch.export accepts, no other values (return it as a tensor)"
@@ -338,7 +346,35 @@ def describe_type(value: Any, children: list[Any], names: list[str] | None, spec
     for how in ([POSITIONAL, SEQUENCE, KEYWORD] if isinstance(value, tuple) else [KEYWORD, POSITIONAL]):
         if (how != KEYWORD or names is not None) and _rebuilds(value, children, out, how):
             return dataclasses.replace(out, construct=how)
-    return dataclasses.replace(out, reason="is not rebuilt from its fields by calling it")
+    unflattened = _by_unflatten(value, children)
+    if unflattened is not None:
+        return dataclasses.replace(out, construct=UNFLATTEN, unflatten=unflattened[0], context=unflattened[1])
+    return dataclasses.replace(out, reason="is not rebuilt from its fields by calling it, nor by an importable unflatten function of its "
+                               "pytree registration")
+
+
+def _by_unflatten(value: Any, children: list[Any]) -> tuple[str, str] | None:
+    """("module:qualname", pickled context) where the type's pytree registration unflattens with a function the package
+    can import by name and a context that pickles, and that rebuilds this very node (transformers' DynamicCache)."""
+    import torch.utils._pytree as pytree
+
+    node = pytree.SUPPORTED_NODES[pytree._get_node_type(value)]
+    fn = node.unflatten_fn
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    found: Any = module
+    for part in getattr(fn, "__qualname__", "<lambda>").split("."):
+        found = getattr(found, part, None)
+    if module is None or found is not fn:
+        return None
+    _, context = node.flatten_fn(value)
+    try:
+        pickled = pickle.dumps(context)
+        rebuilt = fn(list(children), pickle.loads(pickled))
+        got, got_context = node.flatten_fn(rebuilt)
+    except Exception:
+        return None
+    same = type(rebuilt) is type(value) and len(got) == len(children) and all(a is b for a, b in zip(got, children, strict=True))
+    return (f"{fn.__module__}:{fn.__qualname__}", base64.b64encode(pickled).decode()) if same and got_context == context else None
 
 
 def _dropped_fields(value: Any, names: list[str] | None) -> list[str]:

@@ -38,3 +38,15 @@ def minilm():
     """BERT at the size of sentence-transformers' all-MiniLM-L6-v2 (hidden 384, 6 layers, 12 heads, intermediate 1536,
     vocab 30522, 512 positions; about 90 MB of fp32 weights), randomly initialised: nothing is downloaded."""
     return bert(hidden=384, layers=6, heads=12, intermediate=1536, vocab=30522, positions=512).eval()
+
+
+def llama_with_cache(hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2, intermediate: int = 37, vocab: int = 99):
+    """A LLaMA decoder with its default use_cache=True: it returns BaseModelOutputWithPast whose past_key_values is a
+    DynamicCache, which torch.export (and the package) return once transformers registers it."""
+    from models import torchvision_ops  # noqa: F401  (transformers' export integration imports torchvision)
+    from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+    register_dynamic_cache_export_support()
+    config = transformers.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                      intermediate_size=intermediate, vocab_size=vocab, max_position_embeddings=128)
+    return transformers.LlamaModel(config)
