@@ -61,6 +61,7 @@ def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
 
     def lookup(self: Any, candidates: list[Any], op: str, inputs: str, benchmark: Any, hint_override: int | None = None) -> dict[Any, float]:
         key = f"{inputs}_{hint_override}" if hint_override is not None else inputs
+        benchmark = _keeping_input_layouts(benchmark, candidates)
         precision = torch.get_float32_matmul_precision()
         replay = locked.get(op, {}).get(key, {}).get(precision, {})
         if not retune and candidates and all(c.hash_key() in replay for c in candidates):
@@ -89,6 +90,37 @@ def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
             torch.set_num_threads(1)
             stack.callback(torch.set_num_threads, threads)
         yield recording
+
+
+def _keeping_input_layouts(benchmark: Any, candidates: list[Any]) -> Any:
+    """`benchmark` restoring the sizes and strides of the candidates' input nodes afterwards.
+
+    Timing the C++ GEMM template runs its preprocessor on the example tensors, and for a weight input whose size has a
+    symbol (a bmm's mat2 with the dynamic batch) that preprocessor writes the traced sizes into the list that is the
+    input node's own layout (CppGemmTemplate.add_choices' normalize_shapes: `view_size[:] = guarding_hints_or_throw(...)`,
+    `view_size` being `W.layout.size`). Every candidate shares that node, so whichever wins, the code generated
+    afterwards reads the batch as its traced value: ATen's bmm is called with mat2 viewed as 128 matrices at any batch
+    ("Expected size for first two dimensions of batch2 tensor to be: [64, 32] but got: [128, 32]"). A selection
+    answered from timings already measured (the lockfile, Inductor's cache) never runs it and keeps the symbols."""
+    if benchmark is None:
+        return None
+    layouts = []
+    for node in {id(n): n for c in candidates for n in getattr(c, "input_nodes", ())}.values():
+        try:
+            layout = node.get_layout()
+        except Exception:  # a node without a layout of its own (NoneAsConstantBuffer, a multi-output's parent)
+            continue
+        layouts += [(layout, attr, list(getattr(layout, attr))) for attr in ("size", "stride")
+                    if isinstance(getattr(layout, attr, None), list)]
+
+    def measure(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return benchmark(*args, **kwargs)
+        finally:
+            for layout, attr, values in layouts:
+                getattr(layout, attr)[:] = values  # in place: the template's preprocessor holds this same list
+
+    return measure
 
 
 def _sizes(graph: Any, node: Any) -> str:

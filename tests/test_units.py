@@ -23,6 +23,7 @@ from shimgen import escape
 from shimgen.codegen import compile_flags, inductor_configs, split_wrapper, uses_onednn
 from shimgen.errors import UserError
 from shimgen.files import write_if_changed
+from shimgen.kernel_choice import _keeping_input_layouts
 from shimgen.meson import first_error as meson_first_error
 from shimgen.meson import unit_name
 from shimgen.openmp import gemm_threads_from_caller, serial_fast_paths
@@ -765,3 +766,40 @@ int main() {{
     assert out == ["1 3: 1 0 0 0 0 0 0 0", "1 3000: 1 0 0 0 0 0 0 0",
                    "2 3: 1 0 0 0 0 0 0 0", "2 3000: 1 2 0 0 0 0 0 0",
                    "3 3: 1 0 0 0 0 0 0 0", "3 3000: 1 2 3 0 0 0 0 0"]
+
+
+class _Layout:
+    def __init__(self, size: list[Any], stride: list[Any]) -> None:
+        self.size, self.stride = size, stride
+
+
+class _Node:
+    def __init__(self, layout: _Layout) -> None:
+        self.layout = layout
+
+    def get_layout(self) -> _Layout:
+        return self.layout
+
+
+class _Caller:
+    def __init__(self, *nodes: _Node) -> None:
+        self.input_nodes = list(nodes)
+
+
+def test_timing_candidates_keeps_their_inputs_symbolic_sizes() -> None:
+    """Like CppGemmTemplate's preprocessor at its benchmark: a bmm's mat2 with a dynamic batch gets the traced sizes
+    written into its layout's own lists, which the ATen candidate's input shares."""
+    batch = "64*s95"  # a sympy expression in Inductor; only its identity matters here
+    mat1, mat2 = _Node(_Layout([batch, 49, 32], [1568, 32, 1])), _Node(_Layout([batch, 32, 49], [4704, 1, 96]))
+    aten, template = _Caller(mat1, mat2), _Caller(mat1, mat2)
+    view_size, view_stride = mat2.layout.size, mat2.layout.stride  # what the template's preprocessor holds
+
+    def benchmark(candidates: list[Any]) -> dict[Any, float]:
+        view_size[:] = [128, 32, 49]
+        view_stride[:] = [4704, 1, 96]
+        return {c: 1.0 for c in candidates}
+
+    assert _keeping_input_layouts(benchmark, [aten, template])([aten, template]) == {aten: 1.0, template: 1.0}
+    assert mat2.layout.size == [batch, 32, 49] and mat2.layout.size is view_size
+    assert mat1.layout.size == [batch, 49, 32]
+    assert _keeping_input_layouts(None, [aten]) is None

@@ -43,8 +43,9 @@ def minilm():
 def llama_with_cache(hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads: int = 2, intermediate: int = 37, vocab: int = 99):
     """A LLaMA decoder with its default use_cache=True: it returns BaseModelOutputWithPast whose past_key_values is a
     DynamicCache, which torch.export (and the package) return once transformers registers it."""
-    from models import torchvision_ops  # noqa: F401  (transformers' export integration imports torchvision)
     from transformers.integrations.executorch import register_dynamic_cache_export_support
+
+    from models import torchvision_ops  # noqa: F401  (transformers' export integration imports torchvision)
 
     register_dynamic_cache_export_support()
     config = transformers.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,

@@ -9,6 +9,7 @@ import torch
 import transformers
 
 from models import torchvision_ops  # noqa: F401  (before transformers' export integration, which imports torchvision)
+
 from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM  # noqa: E402  isort: skip
 
 
