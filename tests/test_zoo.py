@@ -1,6 +1,7 @@
 """Models nobody here wrote, checked against eager at min, middle and max of every dynamic dim:
-transformers architectures from small configs returning their own output classes, sizes derived
-from the dims (a slice of a range that starts at 2, a multiple of 2), and outputs holding topk
+transformers architectures from small configs returning their own output classes (a decoder's DynamicCache too),
+timm's ConvNeXt and Swin, the shapes of AOTInductor's test suite (torch.cond, embedding bags, index_put, a mutated
+buffer), sizes derived from the dims (a slice of a range that starts at 2, a multiple of 2), and outputs holding topk
 indices and a view. The same specs run on the GPU machine (benchmarks/results/)."""
 
 from __future__ import annotations
@@ -35,12 +36,19 @@ def built_shapes(workdir: Path) -> dict[str, Any]:
     return build_json(workdir / "projects" / "shapes.toml", workdir)
 
 
-@pytest.mark.parametrize("spec_name", ["shapes.toml", "hf.toml"])
+@pytest.mark.parametrize("spec_name", ["shapes.toml", "hf.toml", "vision.toml", "aoti_shapes.toml"])
 def test_zoo_matches_eager_across_every_range(workdir: Path, spec_name: str) -> None:
     report = check(workdir / "projects" / spec_name, workdir)
     cases = {(c["graph"], c["case"]) for c in report["comparisons"]}
     if spec_name == "shapes.toml":
         assert {("cat_slices", "q=2"), ("cat_slices", "q=64"), ("pairs", "rows=2"), ("topk", "batch=1")} <= cases
+    elif spec_name == "vision.toml":
+        # ConvNeXt's batch 1 is a variant of its own (torch.export cannot keep it in the range); Swin's batched matmuls
+        # were timed against the C++ GEMM template, and the package runs at every batch.
+        assert {("convnext", "batch=1"), ("convnext", "variant batch=1"), ("convnext", "batch=4"), ("swin", "batch=1"), ("swin", "batch=4")} <= cases
+    elif spec_name == "aoti_shapes.toml":
+        assert {(g, case) for g in ("cond", "counter") for case in ("batch=1", "batch=16" if g == "cond" else "batch=4")} <= cases
+        assert {("bags", "ids=1"), ("bags", "ids=64"), ("scatter", "n=1"), ("scatter", "n=32")} <= cases
     else:
         assert {("bert", "seq=2"), ("bert", "seq=64"), ("gpt2", "batch=1"), ("vit", "batch=8"), ("t5_encoder", "seq=2"), ("llama", "seq=32")} <= cases
         # LlamaModel's DynamicCache comes back as a DynamicCache (check compares types too), its layers' tensors equal.
@@ -65,11 +73,6 @@ def test_topk_indices_and_view_keep_their_types(built_shapes: dict[str, Any]) ->
     (("shapes.toml", ", multiple_of = 2", ""),
      "graph[1].dims.rows: the model cannot take every size of 'rows' in [2, 64]: it needs (8*x.shape[0]) == (16*(x.shape[0] // 2)); "
      "write dims.rows = { min = 2, max = 64, multiple_of = 2 }"),
-    # transformers takes another branch for a sequence of one token: found by running the smallest sizes.
-    # torch names whichever input of that size it picked for the guard.
-    (("hf.toml", "seq = { min = 2, max = 64 }", "seq = { min = 1, max = 64 }"),
-     "graph[0].dims.seq: the model cannot take every size of 'seq' in [1, 64]: it needs {input}.shape[1] > 1; "
-     "write dims.seq = { min = 2, max = 64 }"),
 ])
 def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Path, edit: tuple[str, str, str], message: str) -> None:
     name, old, new = edit
