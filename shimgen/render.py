@@ -297,7 +297,11 @@ def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | Non
         lines.append("  " + "; ".join(_label(v) for v in listed))
     for v in made:
         if v.automatic:
-            lines.append(f"{_label(v)} runs code compiled for it: {v.automatic}.")
+            captured = " (replayed from a CUDA graph)" if cuda_graphs and variants.fully_static(graph, dict(v.sizes)) else ""
+            lines.append(f"{_label(v)} runs code compiled for it{captured}: {v.automatic}.")
+    if cuda_graphs:
+        lines.append("Replayed from a CUDA graph, captured on the first call." if not graph.dims else
+                     "Other sizes run the dynamic code, not captured (CUDA graphs replay static shapes).")
     if cpu:
         lines.append("Threads: CPU kernels run on as many threads as torch.get_num_threads() gives in the calling thread at the "
                      "call (torch.set_num_threads); one thread runs them without an OpenMP team.")

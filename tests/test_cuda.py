@@ -356,3 +356,56 @@ def test_specialized_variants_on_cuda_are_captured_and_share_weights(workdir: Pa
         heads, (hx, scale) = eager(spec, 1, "cuda", {"batch": 2})
         assert package._heads_cuda._variant_heads(hx, scale=scale) == "batch=2"
         torch.testing.assert_close(package.heads(hx, scale=scale), heads(hx, scale=scale), rtol=1e-4, atol=1e-4)
+
+
+def test_llm_decode_on_cuda_with_cuda_graphs_shares_one_cache(workdir: Path) -> None:
+    # projects/llm.toml on the GPU: decode (static) is captured, prefill's dynamic code is not, its seq=1 variant is; the
+    # one KV cache on the GPU is written by prefill and read by decode, in place across replays.
+    major, minor = torch.cuda.get_device_capability()
+    spec = workdir / "projects" / "llm_cuda.toml"
+    text = (workdir / "projects" / "llm.toml").read_text().replace('name = "llm"', 'name = "llm_cuda"', 1)
+    spec.write_text(text + f'\n[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n')
+    summary = build_json(spec, workdir)
+    assert summary["verified"]["cases"], summary["verified"]
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "llm_generate.py"), "--spec", str(spec),
+                          "--out", str(workdir), "--tokens", "16", "--device", "cuda"], capture_output=True, text=True)
+    print(run.stdout)
+    assert run.returncode == 0 and "tokens equal" in run.stdout, run.stdout + run.stderr
+    llm = import_package(summary)
+    assert "Replayed from a CUDA graph" in llm.decode.__doc__ and "not captured" in llm.prefill.__doc__
+    llm.reset_state()
+    cache = next(name for name in llm.state("cuda") if "key_cache" in name)
+    assert not llm.state("cuda")[cache].any() and llm.state("cuda")[cache].is_cuda
+    llm.prefill(torch.tensor([[5, 7, 9]], device="cuda"), cache_position=torch.arange(3, device="cuda"))
+    before = llm.state("cuda")[cache]
+    for position in (3, 4):  # the first call captures, the second replays: both write the cache
+        llm.decode(torch.tensor([[11]], device="cuda"), cache_position=torch.tensor([position], device="cuda"))
+    after = llm.state("cuda")[cache]
+    assert torch.equal(after[..., :3, :], before[..., :3, :]) and after[..., 3, :].any() and after[..., 4, :].any()
+
+
+def test_counter_state_on_cuda_across_graphs_and_threads(workdir: Path) -> None:
+    major, minor = torch.cuda.get_device_capability()
+    spec = workdir / "projects" / "counter_cuda.toml"
+    spec.write_text('[project]\nname = "counter_cuda"\n\n[[graph]]\nname = "step"\nentry = "models.stateful:Counter"\n'
+                    'inputs = [{ name = "x", shape = ["batch", 8] }]\ndims = { batch = { min = 1, max = 4 } }\n\n'
+                    '[[graph]]\nname = "peek"\nentry = "models.stateful:Counter"\ninputs = [{ name = "x", shape = [1, 8] }]\n\n'
+                    f'[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n')
+    counter = import_package(build_json(spec, workdir))
+    model, _ = eager(spec, 0, "cuda")
+    x = torch.ones(1, 8, device="cuda")
+    with torch.no_grad():
+        for graph in (counter.step, counter.peek, counter.peek, counter.step):
+            torch.testing.assert_close(graph(x), model(x))
+    assert counter.state("cuda")["count"].item() == 4.0
+    import threading
+
+    threads = [threading.Thread(target=lambda g=g: [g(x) for _ in range(25)]) for g in (counter.step, counter.peek)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    torch.cuda.synchronize()
+    assert counter.state("cuda")["count"].item() == 54.0
+    counter.reset_state()
+    assert counter.state("cuda")["count"].item() == 0.0

@@ -57,9 +57,6 @@ CASES = [
      'flags.tma: tma applies to cuda targets only; add a [[target]] with device = "cuda"'),
     ("tma before hopper", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_80", "sm_90"]\n[flags]\ntma = true\n',
      "flags.tma: TMA needs Hopper or newer (sm_90+); the cuda target lists sm_80"),
-    ("cuda graphs dynamic", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n[flags]\ncuda_graphs = true\n',
-     "flags.cuda_graphs: CUDA graphs replay one static shape; graph[0] 'forward' has dynamic dims (batch): list the sizes to capture in "
-     "dims.batch.specialize (the dynamic variant then runs uncaptured)"),
     ("arch twice", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90", "sm_90"]\n', "target[0].archs[1]: 'sm_90' is listed twice"),
     ("bad arch", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["hopper"]\n',
      "target[0].archs[0]: 'hopper' is not a CUDA arch such as 'sm_90'"),

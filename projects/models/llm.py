@@ -23,7 +23,3 @@ def llama(hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, 
         use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": max_cache, "device": "cpu"})
     return TorchExportableModuleForDecoderOnlyLM(model).model
 
-
-def smollm2_135m_shape() -> torch.nn.Module:
-    """SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate 1536, vocab 49152), random init."""
-    return llama(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, max_cache=256)

@@ -207,9 +207,10 @@ class Flags:
         default=True,
     )
     cuda_graphs: bool = doc(
-        "CUDA only, static shapes: the binding captures the model into a CUDA graph on the first call and "
-        "replays it on later calls, copying inputs in and outputs out (returned tensors are never reused). A graph "
-        "with dynamic dims captures its specialized variants whose every dim is specialized (dims.<name>.specialize).",
+        "CUDA only: the binding captures each model of static shape into a CUDA graph on its first call and "
+        "replays it on later calls, copying inputs in and outputs out (returned tensors are never reused): graphs without "
+        "dynamic dims, and the variants whose every dim is fixed (dims.<name>.specialize, or sizes the build makes "
+        "variants of their own). The dynamic code of a graph runs uncaptured.",
         default=False,
     )
 
