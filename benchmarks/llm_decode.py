@@ -45,7 +45,7 @@ def spec_text(config: dict[str, int], vocab: int, prompt: int, max_cache: int, d
             f'[[graph]]\nname = "prefill"\nentry = "models.llm:{entry}"\n{kwargs}'
             f'inputs = [\n  {{ name = "input_ids", shape = [1, "seq"], dtype = "int64", high = {vocab} }},\n'
             f'  {{ name = "cache_position", shape = ["seq"], dtype = "int64", values = "arange", keyword = true }},\n]\n'
-            f'dims = {{ seq = {{ min = 1, max = {prompt} }} }}\natol = 1e-3\nrtol = 1e-3\n\n'
+            f'dims = {{ seq = {{ min = 2, max = {prompt} }} }}\natol = 1e-3\nrtol = 1e-3\n\n'
             f'[[graph]]\nname = "decode"\nentry = "models.llm:{entry}"\n{kwargs}'
             f'inputs = [\n  {{ name = "input_ids", shape = [1, 1], dtype = "int64", high = {vocab} }},\n'
             f'  {{ name = "cache_position", shape = [1], dtype = "int64", high = {max_cache}, keyword = true }},\n]\n'

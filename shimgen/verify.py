@@ -126,7 +126,10 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
                     report.failure = f"{where}: the call failed: {type(exc).__name__}: {_first_line(exc)}"
                     return
                 want = _run_with_state(loaded[path], inputs, models.state, state)
-            difference = _difference(graph, want, got) or _state_difference(graph, models, loaded[path], package)
+            try:
+                difference = _difference(graph, want, got) or _state_difference(graph, models, loaded[path], package)
+            except Exception as exc:
+                difference = f"its output or state cannot be compared with the traced program's: {type(exc).__name__}: {_first_line(exc)}"
             if difference:
                 report.failure = f"{where}: {difference}"
                 return

@@ -375,9 +375,10 @@ def test_llm_decode_on_cuda_with_cuda_graphs_shares_one_cache(workdir: Path) -> 
     assert "Replayed from a CUDA graph" in llm.decode.__doc__ and "not captured" in llm.prefill.__doc__
     llm.reset_state()
     cache = next(name for name in llm.state("cuda") if "key_cache" in name)
-    assert not llm.state("cuda")[cache].any() and llm.state("cuda")[cache].is_cuda
+    assert not llm.state("cuda")[cache].any()  # before the first call: the initial values the first call takes to the GPU
     llm.prefill(torch.tensor([[5, 7, 9]], device="cuda"), cache_position=torch.arange(3, device="cuda"))
     before = llm.state("cuda")[cache]
+    assert before.is_cuda and before[..., :3, :].any() and not before[..., 3:, :].any()
     for position in (3, 4):  # the first call captures, the second replays: both write the cache
         llm.decode(torch.tensor([[11]], device="cuda"), cache_position=torch.tensor([position], device="cuda"))
     after = llm.state("cuda")[cache]

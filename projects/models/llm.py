@@ -10,7 +10,21 @@ import transformers
 
 from models import torchvision_ops  # noqa: F401  (before transformers' export integration, which imports torchvision)
 
-from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM  # noqa: E402  isort: skip
+from transformers.integrations.executorch import TorchExportableModuleWithStaticCache  # noqa: E402  isort: skip
+
+
+class StaticCacheLM(TorchExportableModuleWithStaticCache):
+    """transformers' static-cache recipe, with a cache that follows the module to another device (`.to("cuda")`): the
+    recipe registers its StaticCache layers' tensors as buffers, and `.to()` replaces the buffers but not the tensors the
+    StaticCache object goes on writing into."""
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        super()._apply(fn, recurse)
+        for i, layer in enumerate(self.static_cache.layers):
+            layer.keys, layer.values = getattr(self, f"key_cache_{i}"), getattr(self, f"value_cache_{i}")
+            layer.cumulative_length = getattr(self, f"cumulative_length_{i}")
+            layer.device = layer.keys.device
+        return self
 
 
 def llama(hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, intermediate: int = 128, vocab: int = 128,
@@ -21,5 +35,5 @@ def llama(hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, 
     model = transformers.LlamaForCausalLM(config).eval()
     model.generation_config = transformers.GenerationConfig(
         use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": max_cache, "device": "cpu"})
-    return TorchExportableModuleForDecoderOnlyLM(model).model
+    return StaticCacheLM(model)
 

@@ -73,6 +73,12 @@ class Unit:
         self.file = os.path.join(directory, unit["weights_file"]) if unit.get("weights_file") else None
         self.stateful = any(c.get("state") for c in self.constants)
 
+    def device_state(self) -> dict[str, torch.Tensor]:
+        """The state tensors the dynamic model reads and writes where it runs (a GPU), by weight name; empty before its
+        first call."""
+        names = {c["name"]: c["fqn"] for c in self.models[0][1]}
+        return {names[name]: t for name, t in self.module._state().items()}
+
     @property
     def constants(self) -> list[dict[str, Any]]:
         return [c for _, constants in self.models for c in constants]
@@ -184,7 +190,7 @@ class Weights:
             result.update({name: t.clone() for name, t in self.live.get(device, {}).items()})
             for unit in units:
                 if unit.device == device and device != "cpu":
-                    result.update({name: t.clone() for name, t in unit.module._state().items()})
+                    result.update({name: t.clone() for name, t in unit.device_state().items()})
 
         self._locked(read)
         return result
@@ -197,7 +203,7 @@ class Weights:
                     t.copy_(self.initial[device][name])
             for unit in self.units:
                 if unit.stateful and unit.device != "cpu":
-                    for name, t in unit.module._state().items():
+                    for name, t in unit.device_state().items():
                         t.copy_(self.initial[unit.device][name])
 
         self._locked(reset)

@@ -22,16 +22,17 @@ namespace shimgen {
 
 class CapturedModel {
  public:
-  // run(inputs, outputs, stream): one model run on `stream`, AOTInductor's handle conventions.
+  // run(inputs, outputs, stream): one model run on `stream`, AOTInductor's handle conventions. `state`: the tensors the
+  // model updates in place, which the capture's uncaptured warm-up run must leave as they were.
   template <class Run>
   std::string call(const at::TensorBase* const* inputs, size_t num_inputs, at::Tensor* outputs, size_t num_outputs,
-                   c10::DeviceIndex device, Run run) {
+                   c10::DeviceIndex device, Run run, const std::vector<at::Tensor>& state = {}) {
     std::lock_guard<std::mutex> lock(mutex_);
     try {
       c10::cuda::CUDAGuard device_guard(device);
       c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device);
       if (!graph_) {
-        std::string error = capture(inputs, num_inputs, num_outputs, device, current, run);
+        std::string error = capture(inputs, num_inputs, num_outputs, device, current, run, state);
         if (!error.empty()) return error;
       } else {
         for (size_t i = 0; i < num_inputs; ++i) static_inputs_[i].copy_(at::Tensor(*inputs[i]), /*non_blocking=*/true);
@@ -43,6 +44,8 @@ class CapturedModel {
       return e.what();
     }
   }
+
+  bool captured() const { return graph_ != nullptr; }
 
   // Drops the capture, calling `between` while no call runs: the next call captures again.
   template <class Between>
@@ -57,14 +60,18 @@ class CapturedModel {
  private:
   template <class Run>
   std::string capture(const at::TensorBase* const* inputs, size_t num_inputs, size_t num_outputs, c10::DeviceIndex device,
-                      c10::cuda::CUDAStream current, Run run) {
+                      c10::cuda::CUDAStream current, Run run, const std::vector<at::Tensor>& state) {
     current.synchronize();
     c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
     c10::cuda::CUDAStreamGuard stream_guard(side);
     for (size_t i = 0; i < num_inputs; ++i) static_inputs_.push_back(at::Tensor(*inputs[i]).clone());
-    // An uncaptured run first: it loads the kernels, which must not happen during capture.
+    // An uncaptured run first: it loads the kernels, which must not happen during capture. The replay after the capture
+    // is the call's run, so the state the warm-up updates is put back.
+    std::vector<at::Tensor> saved;
+    for (const at::Tensor& t : state) saved.push_back(t.clone());
     std::vector<at::Tensor> warmup(num_outputs);
     std::string error = run_once(num_outputs, side, warmup.data(), run);
+    for (size_t i = 0; i < state.size(); ++i) state[i].copy_(saved[i]);
     side.synchronize();
     if (!error.empty()) return error;
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
