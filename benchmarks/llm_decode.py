@@ -165,10 +165,14 @@ def _aoti(root: Path, device: str, summary: dict[str, Any]) -> tuple[Step, Step,
     tensors (the caches) given to both as user-managed constants."""
     import torch
 
+    from shimgen import probe
+
+    # The compiler shimgen's probe proved: a GPU image's default g++ builds AOTInductor libraries that crash at load.
+    configs = {"cpp.cxx": (None, probe.select(lambda message: None)[0].cxx)}
     runners = {}
     for graph in ("prefill", "decode"):
         program = torch.export.load(str(root / "build" / "llm_bench" / "trace" / f"{graph}_{device}.pt2"))
-        path = torch._inductor.aoti_compile_and_package(program, package_path=str(root / f"aoti_{graph}.pt2"))
+        path = torch._inductor.aoti_compile_and_package(program, package_path=str(root / f"aoti_{graph}.pt2"), inductor_configs=configs)
         runners[graph] = (torch._inductor.aoti_load_package(path), program)
     prefill_program = runners["prefill"][1]
     held = {**prefill_program.state_dict, **prefill_program.constants}
