@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-from . import custom_ops, kernel_choice, openmp, proxy_executor, user_triton, weights
+from . import custom_ops, kernel_choice, openmp, proxy_executor, trace, user_triton, weights
 from .errors import UserError
 from .files import replace_dir, source_hash, stage_key
 from .lockfile import Timings
@@ -116,7 +116,7 @@ def codegen_key(traced: TraceResult, target: Target, flags: Flags, locked: Timin
                      locked, host, target.isa, target.archs,
                      inductor_configs(target, flags), flags.onednn, flags.split,
                      source_hash(sys.modules[__name__]), source_hash(openmp), source_hash(kernel_choice), source_hash(custom_ops),
-                     source_hash(proxy_executor), source_hash(user_triton), source_hash(weights))
+                     source_hash(proxy_executor), source_hash(user_triton), source_hash(weights), source_hash(trace))
 
 
 def _host_cpu() -> str:
@@ -242,24 +242,12 @@ def _state_not_folded() -> Iterator[None]:
     run_node = ConstantFolder.run_node
 
     def run_node_keeping_state(self: Any, node: Any) -> Any:
-        if node.op == "get_attr" and _mutated(node):
+        if node.op == "get_attr" and trace.writes_into(node):
             return self.unknown_value
         return run_node(self, node)
 
     with mock.patch.object(ConstantFolder, "run_node", run_node_keeping_state):
         yield
-
-
-def _mutated(node: Any) -> bool:
-    """Whether an op writes into `node` (an argument its schema marks as written)."""
-    for user in node.users:
-        schema = getattr(user.target, "_schema", None)
-        if schema is None:
-            continue
-        for argument, value in zip(schema.arguments, user.args, strict=False):
-            if value is node and argument.alias_info is not None and argument.alias_info.is_write:
-                return True
-    return False
 
 
 @contextmanager

@@ -161,9 +161,10 @@ def _first_lines(exc: Exception, graph: Graph) -> str:
     return f"{type(exc).__name__}: {text}" + ("\n  ..." if len(useful) > 8 else "")
 
 
-def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: str, model_initial: Any, program_initial: Any) -> None:
+def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: str, model_initial: Any, program_initial: Any,
+                   mutated: tuple[str, ...]) -> None:
     """Run the exported program with every dim at its min and compare with eager, both from their initial state
-    (`*_initial`: trace.Saved), outputs and mutated state alike.
+    (`*_initial`: trace.Saved), outputs and the `mutated` state alike.
 
     Sizes 0 and 1 are where tracing has to assume the most (broadcasting, squeezes); a model that
     computes something else there must fail the build, not answer wrongly at run time."""
@@ -197,7 +198,6 @@ def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: s
         if w.shape != g.shape or not torch.allclose(g.double(), w.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True):
             raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the traced model's output {k} differs from "
                             "eager: the model behaves differently there than at the example sizes; raise the dims' min")
-    mutated = program.graph_signature.buffers_to_mutate.values()
     eager_state = model_initial.tensors
     for name in mutated:
         fqn = name.removeprefix(WEIGHT_PREFIX)

@@ -93,7 +93,7 @@ def _export_narrowing(adapter: Any, model: Any, inputs: list[Any], graph: Graph,
             state_as_buffers(program)
             initial.restore()
             program_initial = Saved(program_state(program))
-            dims.check_smallest(program, model, traced, where, device, initial, program_initial)
+            dims.check_smallest(program, model, traced, where, device, initial, program_initial, mutated_state(program))
             program_initial.restore()
             initial.restore()
             return program, narrowed
@@ -168,7 +168,7 @@ def state_as_buffers(program: Any) -> None:
                 program.graph.erase_node(placeholders[spec.arg.name])
                 del program.constants[spec.target]
                 continue
-            if _written(placeholders[spec.arg.name]):
+            if writes_into(placeholders[spec.arg.name]):
                 program.state_dict[spec.target] = program.constants.pop(spec.target)
                 spec = InputSpec(kind=InputKind.BUFFER, arg=spec.arg, target=spec.target, persistent=True)
         kept.append(spec)
@@ -190,10 +190,12 @@ def mutated_state(program: Any) -> tuple[str, ...]:
     names = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
              if spec.target is not None and spec.kind.name in ("BUFFER", "CONSTANT_TENSOR")}
     return tuple(sorted(names[node.name] for node in program.graph.nodes if node.op == "placeholder" and node.name in names
-                        and _written(node)))
+                        and writes_into(node)))
 
 
-def _written(node: Any) -> bool:
+def writes_into(node: Any) -> bool:
+    """Whether an op writes into the graph node's tensor: an argument its schema marks as written, on the tensor or on a
+    view of it."""
     for user in node.users:
         schema = getattr(user.target, "_schema", None)
         if schema is None:
@@ -203,7 +205,7 @@ def _written(node: Any) -> bool:
                 continue
             if argument.alias_info.is_write:
                 return True
-            if schema.returns and schema.returns[0].alias_info is not None and _written(user):  # a view of it
+            if schema.returns and schema.returns[0].alias_info is not None and writes_into(user):  # a view of it
                 return True
     return False
 

@@ -58,7 +58,7 @@ def left_out(works: list[tuple[str, int, Graph, Target, dict[str, int]]], traced
             if count > VARIANTS_LIMIT:
                 raise SpecError("", f"graph[{i}].dims.{dim}", f"the model cannot take every size of '{dim}' in [{declared.min}, {declared.max}]: it "
                                 f"needs {condition}, and building the sizes below {kept_min} as variants of their own would make {count} "
-                                f"variants (at most {VARIANTS_LIMIT}); write dims.{dim} = {{ min = {kept_min}, ... }}")
+                                f"variants (at most {VARIANTS_LIMIT}); write dims.{dim} = {{ min = {kept_min}, max = {declared.max} }}")
     return new
 
 
