@@ -14,7 +14,7 @@ from typing import Any
 import jinja2
 
 from . import escape, proxy_executor, variants, weights
-from .files import write_if_changed
+from .files import stage_key, write_if_changed
 from .results import OBJECT, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit, Variant
 from .spec import Flags, Graph, ProjectSpec, Target
 from .spec.model import SCALAR_TYPES
@@ -130,6 +130,8 @@ def render_project(
                              "weights_file": f"{u.name}.safetensors" if u.code.weights_file else None,
                              "constants": weights.package_view(weights.read_constants(u.code.constants), u.code.state) if u.code.constants else [],
                              "unused_weights": list(u.code.unused_weights),
+                             # Graphs that build the same module share its state (prefill and decode over one KV cache).
+                             "state_owner": stage_key(u.graph.entry, u.graph.args, u.graph.kwargs, u.graph.seed)[:16],
                              "variants": [{"name": v.name, "label": _label(v), "library": f"{u.library(v)}.so",
                                            "constants": weights.package_view(weights.read_constants(v.code.constants), v.code.state)
                                            if v.code.constants else []}
@@ -179,7 +181,8 @@ def render_project(
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
     # Devices and names only: the manifest holds no path of the build machine.
     package = {**{k: context[k] for k in INIT_CONTEXT}, "targets": [{"device": t["device"]} for t in targets],
-               "units": [{k: u[k] for k in ("name", "graph", "device", "weights_file", "constants", "unused_weights", "variants")}
+               "units": [{k: u[k] for k in ("name", "graph", "device", "weights_file", "constants", "unused_weights", "state_owner",
+                                         "variants")}
                          for u in unit_context]}
     files[out / name / "__init__.py"] = render_init(package)
     files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"

@@ -177,7 +177,7 @@ def _state_difference(graph: Graph, models: GraphModels, program: Any, package: 
 
     if not models.state:
         return ""
-    have = package.state(models.device)
+    have = package.state(models.device, graph.name)
     buffers = dict(program.named_buffers())
     for name in models.state:
         want = buffers.get(name)

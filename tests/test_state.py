@@ -28,6 +28,12 @@ dims = { batch = { min = 1, max = 4 } }
 name = "peek"
 entry = "models.stateful:Counter"
 inputs = [{ name = "x", shape = [1, 8] }]
+
+[[graph]]
+name = "other"
+entry = "models.stateful:Counter"
+kwargs = { width = 8 }
+inputs = [{ name = "x", shape = [1, 8] }]
 """
 
 
@@ -62,7 +68,11 @@ def test_calls_see_every_earlier_update_across_graphs(built_counter: dict[str, A
             x = x[:1] if graph is counter.peek else x
             torch.testing.assert_close(graph(x), model(x), rtol=1e-5, atol=1e-5)
     state = counter.state()
-    assert set(state) == {"count", "total"} and state["count"].item() == 6.0
+    # `other` builds the module with other arguments: a state of its own, which none of these calls touched.
+    assert set(state) == {"count", "total", "other.count", "other.total"} and state["count"].item() == 6.0
+    assert state["other.count"].item() == 0.0
+    counter.other(torch.ones(1, 8))
+    assert counter.state()["other.count"].item() == 1.0 and counter.state()["count"].item() == 6.0
     torch.testing.assert_close(state["total"], model.total)
     state["count"].fill_(100)  # a copy: the package's state is not changed through it
     assert counter.state()["count"].item() == 6.0

@@ -5,9 +5,10 @@ bytes per constant of Inductor's model, in the model's order, for its dynamic mo
 variant (`_set_weights`); this module finds those bytes (in a weights file, a state dict or a checkpoint) and checks
 names, dtypes and shapes before handing them over.
 
-State: a buffer a graph updates in place (a counter, a static KV cache) is one tensor per device for the whole package,
-allocated at import from the weights file's initial values and handed to every graph and variant that names it, so a
-graph sees the updates of any other (prefill fills the cache decode reads). The graphs that mutate state run one call at
+State: a buffer a graph updates in place (a counter, a static KV cache) is one tensor per device for the graphs that
+build the same module (the same entry, arguments and seed), allocated at import from the weights file's initial values
+and handed to each of those graphs and their variants, so one sees the updates of the others (prefill fills the cache
+decode reads). The graphs that mutate state run one call at
 a time across the package (their extensions share one lock); load_weights() leaves the state as it is.
 """
 
@@ -72,6 +73,7 @@ class Unit:
         self.unused = set(unit.get("unused_weights", ()))  # the model's weights the compiled graph does not read
         self.file = os.path.join(directory, unit["weights_file"]) if unit.get("weights_file") else None
         self.stateful = any(c.get("state") for c in self.constants)
+        self.state_owner = unit.get("state_owner", "")
 
     def device_state(self) -> dict[str, torch.Tensor]:
         """The state tensors the dynamic model reads and writes where it runs (a GPU), by weight name; empty before its
@@ -149,9 +151,10 @@ class Weights:
         with open(os.path.join(directory, MANIFEST)) as f:
             manifest = json.load(f)
         self.units = [Unit(package, directory, u, bool(manifest.get("freezing"))) for u in manifest["units"]]
-        # By device, then weight name: the initial value (the file's bytes) and the live tensor every graph reads and writes.
-        self.initial: dict[str, dict[str, torch.Tensor]] = {}
-        self.live: dict[str, dict[str, torch.Tensor]] = {}
+        # By (device, the module's graphs' state_owner), then weight name: the initial value (the file's bytes) and the live
+        # tensor those graphs read and write.
+        self.initial: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
+        self.live: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
         for unit in self.units:
             if unit.file:
                 given = unit.from_file(*read_safetensors(unit.file))
@@ -165,7 +168,8 @@ class Weights:
 
     def _with_state(self, unit: Unit, given: list[list[Any]]) -> list[list[Any]]:
         """`given` with each state constant's bytes replaced by the package's live state (made from them the first time)."""
-        initial, live = self.initial.setdefault(unit.device, {}), self.live.setdefault(unit.device, {})
+        owner = (unit.device, unit.state_owner)
+        initial, live = self.initial.setdefault(owner, {}), self.live.setdefault(owner, {})
         for (_, constants), tensors in zip(unit.models, given, strict=True):
             for i, c in enumerate(constants):
                 if not c.get("state"):
@@ -179,18 +183,24 @@ class Weights:
                 tensors[i] = _as_bytes(live[c["fqn"]])
         return given
 
-    def state(self, device: str | None = None) -> dict[str, torch.Tensor]:
+    def state(self, device: str | None = None, graph: str | None = None) -> dict[str, torch.Tensor]:
         """Copies of the state the graphs mutate (buffers updated in place), by weight name, as the last call left it, on
-        `device` ('cpu' or 'cuda'; default: the first target's)."""
+        `device` ('cpu' or 'cuda'; default: the first target's); of the module `graph` builds, or of every graph's. Where
+        graphs of different modules hold state of the same name, each is named '<graph>.<weight>' after the first of those
+        graphs."""
         units = [u for u in self.units if u.stateful]
         device = device or (units[0].device if units else "cpu")
         result: dict[str, torch.Tensor] = {}
+        owners = list(dict.fromkeys(u.state_owner for u in units if u.device == device and graph in (None, u.graph)))
 
         def read() -> None:
-            result.update({name: t.clone() for name, t in self.live.get(device, {}).items()})
-            for unit in units:
-                if unit.device == device and device != "cpu":
-                    result.update({name: t.clone() for name, t in unit.device_state().items()})
+            for owner in owners:
+                first = next(u for u in units if u.device == device and u.state_owner == owner)
+                held = {name: t.clone() for name, t in self.live.get((device, owner), {}).items()}
+                for unit in units:
+                    if unit.device == device and unit.state_owner == owner and device != "cpu":
+                        held.update({name: t.clone() for name, t in unit.device_state().items()})
+                result.update({(name if owner == owners[0] or name not in result else f"{first.graph}.{name}"): t for name, t in held.items()})
 
         self._locked(read)
         return result
@@ -198,13 +208,13 @@ class Weights:
     def reset_state(self) -> None:
         """Put the state back to its initial values (those the package was built with), on every device."""
         def reset() -> None:
-            for device, live in self.live.items():
+            for owner, live in self.live.items():
                 for name, t in live.items():
-                    t.copy_(self.initial[device][name])
+                    t.copy_(self.initial[owner][name])
             for unit in self.units:
                 if unit.stateful and unit.device != "cpu":
                     for name, t in unit.device_state().items():
-                        t.copy_(self.initial[unit.device][name])
+                        t.copy_(self.initial[unit.device, unit.state_owner][name])
 
         self._locked(reset)
 
