@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -12,6 +13,17 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _import_torchvision_anywhere() -> None:
+    """What projects/models/torchvision_ops.py does for the projects' models, for models the tests build in their own
+    process: torchvision (which transformers and timm import) imports even where its ops library does not load."""
+    spec = importlib.util.spec_from_file_location("shimgen_tests_torchvision_ops", REPO / "projects" / "models" / "torchvision_ops.py")
+    assert spec and spec.loader
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+_import_torchvision_anywhere()
 
 
 # The installed console script when there is one (CI installs shimgen), else the source tree.

@@ -45,7 +45,6 @@ def llama_with_cache(hidden: int = 32, layers: int = 2, heads: int = 4, kv_heads
     DynamicCache, which torch.export (and the package) return once transformers registers it."""
     from transformers.integrations.executorch import register_dynamic_cache_export_support
 
-    from models import torchvision_ops  # noqa: F401  (transformers' export integration imports torchvision)
 
     register_dynamic_cache_export_support()
     config = transformers.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,

@@ -7,10 +7,7 @@ keeps one copy that both use: prefill fills it over a prompt, decode reads it an
 
 import torch
 import transformers
-
-from models import torchvision_ops  # noqa: F401  (before transformers' export integration, which imports torchvision)
-
-from transformers.integrations.executorch import TorchExportableModuleWithStaticCache  # noqa: E402  isort: skip
+from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
 
 class StaticCacheLM(TorchExportableModuleWithStaticCache):

@@ -1,9 +1,7 @@
 """timm vision models from small configs (random weights, no downloads): a CNN and vision transformers."""
-# ruff: noqa: I001  (torchvision_ops goes first)
 
 from __future__ import annotations
 
-from models import torchvision_ops  # noqa: F401  (before timm, which imports torchvision)
 import timm
 from torch import nn
 
