@@ -15,6 +15,8 @@ import torch
 def _import_torchvision() -> None:
     try:
         import torchvision  # noqa: F401
+    except ModuleNotFoundError:  # not installed: nothing imports it
+        return
     except RuntimeError as exc:
         if "torchvision::nms" not in str(exc):
             raise
