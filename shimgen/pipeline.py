@@ -611,7 +611,7 @@ def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:
             programs.append((sizes, traced.program))
         graphs.append(verify.GraphModels(u.graph, f"graph[{job.spec.graph.index(u.graph)}]", u.target.device, tuple(programs),
                                          u.code.state))
-    return verify.Plan(job.spec.project.name, tuple(graphs))
+    return verify.Plan(job.spec.project.name, tuple(graphs), tuple(op.module for op in job.spec.custom_op if op.module))
 
 
 def _module_dirs(job: Job) -> tuple[Path, ...]:
