@@ -160,7 +160,7 @@ class GraphModel:
 
     def inputs(self, sizes: dict[str, int] | None = None, seed: int | None = None) -> list[Any]:
         """Random inputs of the spec's dtypes and ranges, dynamic dims at `sizes` (default: the example)."""
-        from shimgen.entry import example_sizes, make_inputs
+        from shimgen.trace.entry import example_sizes, make_inputs
 
         graph = self.graph
         return make_inputs(graph, {**example_sizes(graph), **(sizes or {})}, graph.seed if seed is None else seed)
@@ -182,7 +182,7 @@ def load_spec(path: Path) -> Any:
 @contextmanager
 def project(spec_path: Path) -> Iterator[Path]:
     """The spec's directory importable (and its modules fresh) for the block, as shimgen check runs models."""
-    from shimgen.entry import project_scope
+    from shimgen.trace.entry import project_scope
 
     spec_dir = spec_path.resolve().parent
     with project_scope(spec_dir):
@@ -191,7 +191,7 @@ def project(spec_path: Path) -> Iterator[Path]:
 
 def load_graph(spec: Any, spec_dir: Path, name: str) -> GraphModel:
     """The graph called `name`, its model built as shimgen builds it (seeded, eval mode)."""
-    from shimgen.entry import load_model
+    from shimgen.trace.entry import load_model
 
     index = next(i for i, g in enumerate(spec.graph) if g.name == name)
     return GraphModel(spec, spec_dir, index, load_model(spec.graph[index], f"graph[{index}]", spec_dir))
@@ -202,7 +202,8 @@ def export_graph(gm: GraphModel) -> Any:
     return its tensors flat, exported at the example sizes with the spec's dims (backed size-oblivious)."""
     import torch
 
-    from shimgen import dims, trace
+    from shimgen.trace import dims
+    from shimgen.trace import export as trace
 
     with torch.no_grad():
         return dims.export(trace._spec_order_module(gm.model, gm.graph), gm.inputs(), gm.graph, gm.where)

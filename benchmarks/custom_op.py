@@ -52,9 +52,10 @@ def synchronized(bind: Binder) -> Binder:
 
 
 def bench(spec_path: Path, work: Path, quick: bool, report: Report) -> None:
-    from shimgen import dims, trace
-    from shimgen.custom_ops import load_library
-    from shimgen.entry import import_once
+    from shimgen.trace import dims
+    from shimgen.trace import export as trace
+    from shimgen.trace.custom_ops import load_library
+    from shimgen.trace.entry import import_once
 
     seconds, summary = shimgen_build(spec_path, work)
     spec = load_spec(spec_path)

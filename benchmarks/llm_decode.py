@@ -165,7 +165,7 @@ def _aoti(root: Path, device: str, summary: dict[str, Any]) -> tuple[Step, Step,
     tensors (the caches) given to both as user-managed constants."""
     import torch
 
-    from shimgen import probe
+    from shimgen.toolchain import probe
 
     # The compiler shimgen's probe proved: a GPU image's default g++ builds AOTInductor libraries that crash at load.
     configs = {"cpp.cxx": (None, probe.select(lambda message: None)[0].cxx)}

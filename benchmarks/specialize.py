@@ -37,7 +37,8 @@ from common import (
     time_side_by_side,
 )
 
-from shimgen import dims, trace, variants
+from shimgen.trace import dims, variants
+from shimgen.trace import export as trace
 
 # model: (spec, sizes to specialize per dim, sizes no variant covers)
 MODELS: dict[str, tuple[str, dict[str, list[int]], list[dict[str, int]]]] = {

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.utils._pytree as pytree
 
-from shimgen.entry import call_model, example_sizes, load_model, make_inputs
 from shimgen.spec import load_spec
+from shimgen.trace.entry import call_model, example_sizes, load_model, make_inputs
 
 CALL = """
 import sys, torch

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from shimgen.entry import load_model, project_scope
 from shimgen.spec import load_spec
+from shimgen.trace.entry import load_model, project_scope
 
 
 def greedy(prefill, decode, prompt: torch.Tensor, tokens: int) -> tuple[list[int], float]:  # type: ignore[no-untyped-def]

@@ -5,6 +5,7 @@ key changes exactly when what it depends on does."""
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -13,7 +14,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import ModuleType
 from typing import IO, Any
 
 
@@ -29,9 +29,15 @@ def file_hash(path: Path) -> str:
         return "missing"
 
 
-def source_hash(module: ModuleType) -> str:
-    """The hash of a shimgen module's source: a stage's key changes with the code that runs it."""
-    return file_hash(Path(module.__file__ or ""))
+@functools.cache
+def shimgen_fingerprint() -> str:
+    """Every file of shimgen's own (code, templates, runtime sources), by path and content: part of every key that
+    depends on what shimgen does, so a changed shimgen never reuses what an older one made."""
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(f"{path.relative_to(root).as_posix()}\0{path.stat().st_size}\0".encode() + path.read_bytes())
+    return digest.hexdigest()
 
 
 def write_if_changed(path: Path, content: str | bytes) -> bool:

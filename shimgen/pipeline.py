@@ -21,28 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import (
-    codegen,
-    custom_ops,
-    lockfile,
-    matrix,
-    meson,
-    package,
-    prebuilt,
-    probe,
-    proxy_executor,
-    render,
-    shared_cache,
-    toolchain,
-    trace,
-    variants,
-    verify,
-    weights,
-    workers,
-)
-from .errors import SpecError, SpecErrors, UserError
-from .files import exclusive, file_hash, source_hash, stage_key
-from .results import (
+from shimgen import toolchain
+from shimgen.build import meson, workers
+from shimgen.cache import shared_cache
+from shimgen.cache.shared_cache import SharedCache
+from shimgen.cache.state import State
+from shimgen.commands import matrix
+from shimgen.errors import SpecError, SpecErrors, UserError
+from shimgen.files import exclusive, file_hash, shimgen_fingerprint, stage_key
+from shimgen.inductor import codegen, lockfile, weights
+from shimgen.package import verify
+from shimgen.package import wheel as package
+from shimgen.project import render
+from shimgen.results import (
     CodegenResult,
     CompileResult,
     CustomOps,
@@ -56,11 +47,11 @@ from .results import (
     to_json,
     unit_name,
 )
-from .shared_cache import SharedCache
-from .spec import ProjectSpec, Target, load_spec
-from .state import State
-from .toolchain import Toolchain
-from .toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
+from shimgen.spec import ProjectSpec, Target, load_spec
+from shimgen.toolchain import Toolchain, prebuilt, probe
+from shimgen.toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
+from shimgen.trace import custom_ops, variants
+from shimgen.trace import export as trace
 
 Progress = Callable[[str, str], None]
 
@@ -198,7 +189,7 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
           only: str | None = None, retune: bool = False, cache_url: str | None = None, verify: bool = True) -> BuildOutput:
     """Build the spec's package for all its targets, or for the one build identifier `only` names (in a directory of its own).
     Kernel choices replay the spec's lockfile; `retune` measures them all again. `cache_url` names a shared cache. With
-    `verify`, the package runs against its traced programs before it is installed (shimgen/verify.py)."""
+    `verify`, the package runs against its traced programs before it is installed (shimgen/package/verify.py)."""
     report = progress or (lambda stage, msg: None)
     try:
         spec = load_spec(spec_path)
@@ -393,7 +384,7 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
 def _generate_all(job: Job) -> list[Unit]:
     """Every graph on every target traced and generated, its dynamic code and each specialized variant, or taken from the
     last build (or the shared cache) where up to date. The traces to make run at once in worker processes, then the
-    codegens (shimgen/workers.py)."""
+    codegens (shimgen/build/workers.py)."""
     spec, layout, state = job.spec, job.layout, job.state
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
     works = [(name, i, g, t, sizes) for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, g in enumerate(spec.graph)
@@ -538,8 +529,7 @@ def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
     ops = [(p.name, file_hash(p)) for p in job.ops.libraries] if job.ops else []
     code_keys = [(name, code.key) for u in units for name, code in u.generated]
     return stage_key(version, code_keys, ops, [op.module for op in spec.custom_op], spec.project, spec.flags, spec.runtime,
-                     tc.cxx_identity, tc.python_version, tc.torch_version, meson.source_date_epoch(), render.templates_hash(),
-                     [source_hash(m) for m in (render, package, meson, prebuilt, probe, proxy_executor)])
+                     tc.cxx_identity, tc.python_version, tc.torch_version, meson.source_date_epoch(), shimgen_fingerprint())
 
 
 def _shared_wheel(job: Job, key: str, units: list[Unit]) -> PackageResult | None:

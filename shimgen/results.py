@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .spec import Graph, Target
+from shimgen.spec import Graph, Target
 
 # Output tree nodes in preorder, as the binding rebuilds them (kinds match binding.cpp.j2).
 TENSOR, TUPLE, LIST, DICT, NONE, OBJECT = range(6)
@@ -164,7 +164,7 @@ class Unit:
 
     @property
     def generated(self) -> list[tuple[str, CodegenResult]]:
-        """The dynamic code and each variant's, by the name of their trace and codegen (shimgen/variants.py's works)."""
+        """The dynamic code and each variant's, by the name of their trace and codegen (shimgen/trace/variants.py's works)."""
         return [(self.name, self.code)] + [(f"{self.name}__{v.name}", v.code) for v in self.variants]
 
     def library(self, variant: Variant) -> str:

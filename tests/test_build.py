@@ -17,10 +17,12 @@ import pytest
 import torch
 from conftest import REPO, build_json, import_package, shimgen
 
-from shimgen import probe, toolchain, workers
-from shimgen.entry import load_model, make_inputs
+from shimgen import toolchain
+from shimgen.build import workers
 from shimgen.errors import UserError
 from shimgen.spec import load_spec
+from shimgen.toolchain import probe
+from shimgen.trace.entry import load_model, make_inputs
 
 pytestmark = pytest.mark.slow
 

@@ -18,8 +18,9 @@ import pytest
 import yaml
 from conftest import FAST_FLAGS, REPO, shimgen, with_flags
 
-from shimgen import ci_workflow, escape, matrix
+from shimgen.commands import ci_workflow, matrix
 from shimgen.errors import UserError
+from shimgen.project import escape
 from shimgen.spec import load_spec
 from shimgen.toolchain import supported_torch
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from shimgen.codegen import _private_inductor_cache, inductor_configs
+from shimgen.inductor.codegen import _private_inductor_cache, inductor_configs
 from shimgen.spec.model import Flags, Target
 
 

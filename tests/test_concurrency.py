@@ -15,9 +15,10 @@ import pytest
 import torch
 from conftest import COMMAND, FAST_FLAGS, REPO, call_in_subprocess, shimgen, with_flags
 
-from shimgen import probe, toolchain
-from shimgen.entry import load_model, make_inputs
+from shimgen import toolchain
 from shimgen.spec import load_spec
+from shimgen.toolchain import probe
+from shimgen.trace.entry import load_model, make_inputs
 
 pytestmark = pytest.mark.slow
 

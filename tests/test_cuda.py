@@ -18,8 +18,8 @@ import pytest
 import torch
 from conftest import build_json, import_package, shimgen
 
-from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
+from shimgen.trace.entry import load_model, make_inputs
 
 pytestmark = [
     pytest.mark.cuda,

@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, build_json, import_package, with_flags
 
-from shimgen import escape
-from shimgen.entry import load_model, make_inputs
+from shimgen.project import escape
 from shimgen.spec import load_spec
+from shimgen.trace.entry import load_model, make_inputs
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,7 +52,7 @@ def test_literals_read_back_as_the_text(text: str) -> None:
 
 
 def test_unescaped_strings_are_template_bugs() -> None:
-    from shimgen.render import _env
+    from shimgen.project.render import _env
 
     with pytest.raises(TypeError, match="without an escaping filter"):
         _env().from_string("name = {{ name }}").render(name="x")

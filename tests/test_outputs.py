@@ -194,7 +194,7 @@ def test_check_compares_both_the_same_types_and_the_fallbacks(built_outputs: dic
 def test_check_rejects_what_the_package_does_not_promise(workdir: Path, models: ModuleType) -> None:
     import transformers.modeling_outputs as modeling_outputs
 
-    from shimgen.check import StructureMismatch, _tensor_pairs
+    from shimgen.commands.check import StructureMismatch, _tensor_pairs
 
     spec_dir = workdir / "projects"
     a, b = torch.ones(2), torch.zeros(2)

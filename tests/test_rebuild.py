@@ -14,8 +14,8 @@ import pytest
 import torch
 from conftest import COMMAND, FAST_FLAGS, build_json, call_in_subprocess, shimgen, with_flags
 
-from shimgen.entry import load_model, make_inputs
 from shimgen.spec import load_spec
+from shimgen.trace.entry import load_model, make_inputs
 
 pytestmark = pytest.mark.slow
 

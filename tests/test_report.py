@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from shimgen import matrix, report
+from shimgen.commands import matrix, report
 from shimgen.errors import UserError
 from shimgen.spec import load_spec
 
-COLLECT = "import json, sys; from pathlib import Path; from shimgen import report; " \
+COLLECT = "import json, sys; from pathlib import Path; from shimgen.commands import report; " \
           "r = report.collect(Path(sys.argv[1]), Path(sys.argv[2]), None); assert 'torch' not in sys.modules; print(json.dumps(r))"
 
 

@@ -16,8 +16,8 @@ from conftest import import_package, rss_growth_over_10000_calls
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shimgen.entry import load_model, make_inputs
 from shimgen.spec import Graph, load_spec
+from shimgen.trace.entry import load_model, make_inputs
 
 pytestmark = pytest.mark.slow
 

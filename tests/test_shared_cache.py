@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import REPO, import_package, shimgen
 
-from shimgen import shared_cache
+from shimgen.cache import shared_cache
 
 
 def _free_port() -> int:

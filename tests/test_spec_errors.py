@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shimgen.cli import main
+from shimgen.commands.cli import main
 from shimgen.spec import load_spec
 from shimgen.toolchain.cuda import CudaToolchain, detect_cuda
 

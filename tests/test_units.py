@@ -19,16 +19,16 @@ from typing import Any
 import jinja2
 import pytest
 
-from shimgen import escape
-from shimgen.codegen import compile_flags, inductor_configs, split_wrapper, uses_onednn
+from shimgen.build.meson import first_error as meson_first_error
+from shimgen.build.meson import unit_name
 from shimgen.errors import UserError
 from shimgen.files import write_if_changed
-from shimgen.kernel_choice import _keeping_input_layouts
-from shimgen.meson import first_error as meson_first_error
-from shimgen.meson import unit_name
-from shimgen.openmp import gemm_threads_from_caller, serial_fast_paths
-from shimgen.package import write_wheel
-from shimgen.render import TEMPLATES, _env, docstring, render_probe, target_id
+from shimgen.inductor.codegen import compile_flags, inductor_configs, split_wrapper, uses_onednn
+from shimgen.inductor.kernel_choice import _keeping_input_layouts
+from shimgen.inductor.openmp import gemm_threads_from_caller, serial_fast_paths
+from shimgen.package.wheel import write_wheel
+from shimgen.project import escape
+from shimgen.project.render import RUNTIME, TEMPLATES, _env, docstring, render_probe, target_id
 from shimgen.results import DICT, LIST, NONE, OBJECT, TENSOR, TUPLE, OutNode, OutType
 from shimgen.spec import Dim, Flags, Graph, Input, Target, load_spec
 from shimgen.toolchain import Toolchain
@@ -42,7 +42,7 @@ def first_error(log: str, build: Path) -> str:
 
 # --- split_wrapper: Inductor's one wrapper.cpp cut into interface, model and kernel files ---------------------------
 
-# Written as Inductor writes them (not taken from shimgen.codegen): the test is about Inductor's real text.
+# Written as Inductor writes them (not taken from shimgen.inductor.codegen): the test is about Inductor's real text.
 KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>\n"
 INCLUDES = [
     "#include <torch/csrc/inductor/aoti_include/cpu.h>",
@@ -603,8 +603,8 @@ def test_render_probe_writes_the_probe_project(tmp_path: Path) -> None:
     tc = fake_toolchain()
     render_probe(tc, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["check_probe.py", "meson.build", "probe.cpp", "shimgen_runtime.cpp", "shimgen_runtime.h"]
-    for name in ("probe/probe.cpp", "probe/check_probe.py", "probe/shimgen_runtime.cpp", "project/shimgen_runtime.h"):
-        assert (tmp_path / Path(name).name).read_bytes() == (TEMPLATES / name).read_bytes(), name
+    for name in ("probe.cpp", "check_probe.py", "shimgen_runtime.cpp", "shimgen_runtime.h"):
+        assert (tmp_path / name).read_bytes() == (RUNTIME / name).read_bytes(), name
     meson_build = (tmp_path / "meson.build").read_text()
     mparser.Parser(meson_build, "meson.build").parse()  # valid Meson, quotes in the paths notwithstanding
     for path in (*tc.torch_includes, tc.torch_lib):

@@ -1,6 +1,6 @@
 """The spec: TOML tables as dataclasses (model.py), loading and validation (load.py), JSON schema (schema.py)."""
 
-from .load import load_spec
-from .model import Dim, Flags, Graph, Input, Project, ProjectSpec, Target
+from shimgen.spec.load import load_spec
+from shimgen.spec.model import Dim, Flags, Graph, Input, Project, ProjectSpec, Target
 
 __all__ = ["load_spec", "Dim", "Flags", "Graph", "Input", "Project", "ProjectSpec", "Target"]

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import SpecError
-from .model import (
+from shimgen.errors import SpecError
+from shimgen.spec.model import (
     DIM_SIZE_LIMIT,
     EXAMPLE_BYTES_LIMIT,
     INSTANCES_LIMIT,
@@ -466,7 +466,7 @@ def _validate_custom_ops(spec: ProjectSpec) -> None:
 
 
 def _validate_matrix(spec: ProjectSpec) -> None:
-    from ..toolchain import supported_torch
+    from shimgen.toolchain import supported_torch
 
     supported = supported_torch()
     for k, version in enumerate(spec.matrix.torch):

@@ -7,7 +7,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from .model import ProjectSpec
+from shimgen.spec.model import ProjectSpec
 
 
 def json_schema() -> dict[str, Any]:

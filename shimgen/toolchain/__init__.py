@@ -1,5 +1,5 @@
 """Toolchain: finds Python, torch, the C++ compilers, Meson and ninja, without importing torch (a
-no-op rebuild must stay fast). Whether they work together is `shimgen.probe`'s to prove.
+no-op rebuild must stay fast). Whether they work together is `shimgen.toolchain.probe`'s to prove.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from ..errors import UserError
-from ..process import run
+from shimgen.build.process import run
+from shimgen.errors import UserError
 
 
 @dataclass(frozen=True)

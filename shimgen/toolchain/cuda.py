@@ -11,9 +11,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecError, UserError
-from ..process import run
-from ..spec import Target
+from shimgen.build.process import run
+from shimgen.errors import SpecError, UserError
+from shimgen.spec import Target
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,122 @@
+"""Trace and codegen of independent units (graph x target) in worker processes, bounded by cores and memory.
+
+Each task runs in a fresh process (spawned, so no thread of the build process is forked), which also gives each
+codegen its own Inductor state: Inductor registers its oneDNN passes once per process, as the first CPU freezing
+finds oneDNN on or off. A build with one unit to generate, or with custom ops (loaded into the build process),
+runs it in the build process instead.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from shimgen.errors import SpecError, SpecErrors, UserError
+from shimgen.inductor import codegen
+from shimgen.inductor.lockfile import Timings
+from shimgen.results import CodegenResult, CustomOps, TraceResult
+from shimgen.spec import Flags, Graph, Target
+from shimgen.trace import export as trace
+
+MEMORY_PER_WORKER = 3 << 30  # a transformer's trace or codegen peaks at 1-3 GiB
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TraceTask:
+    graph: Graph
+    where: str
+    spec_dir: Path
+    device: str
+    program_file: Path
+    key: str
+
+
+@dataclass(frozen=True)
+class CodegenTask:
+    traced: TraceResult
+    target: Target
+    flags: Flags
+    cxx: str
+    out_dir: Path
+    key: str
+    locked: Timings
+    retune: bool
+    where: str
+
+
+def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
+    return trace.trace(task.graph, task.where, task.spec_dir, task.device, task.program_file, task.key, ops)
+
+
+def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResult:
+    try:
+        return codegen.generate(task.traced, task.target, task.flags, task.cxx, task.out_dir, task.key, ops, task.locked, task.retune)
+    except SpecError:
+        raise
+    except UserError as exc:
+        raise SpecError("", task.where, str(exc)) from None
+
+
+def count(tasks: int, in_process: bool) -> int:
+    """Worker processes for `tasks` tasks: one per core, as many as memory allows; 0 runs them in this process."""
+    if in_process or tasks < 2:
+        return 0
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) << 10 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, StopIteration):
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    workers = min(tasks, os.cpu_count() or 1, max(1, available // MEMORY_PER_WORKER))
+    return workers if workers > 1 else 0
+
+
+def run_all(tasks: list[tuple[str, T]], work: Callable[[T], Any], workers: int, ops: CustomOps | None,
+            done: Callable[[str, Any, float, float], None]) -> None:
+    """Run `work` on each (name, task), in `workers` processes or here (0); `done(name, result, start, end)` in this
+    process as each finishes, times from time.time(). Once every task has ended, the errors are raised in the tasks'
+    order, whichever finished first: the spec errors all together (SpecErrors where there are several), else the first."""
+    errors: dict[int, BaseException] = {}
+    if not workers:
+        for k, (name, task) in enumerate(tasks):
+            start = time.time()
+            try:
+                result = work(task, ops) if ops else work(task)
+            except UserError as exc:
+                errors[k] = exc
+                continue
+            done(name, result, start, time.time())
+    else:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+            futures: dict[Future[tuple[Any, float, float]], int] = {pool.submit(_timed, work, task): k for k, (_, task) in enumerate(tasks)}
+            for future in as_completed(futures):
+                k = futures[future]
+                try:
+                    result, start, end = future.result()
+                except BaseException as exc:  # noqa: BLE001  (raised below, after the other tasks)
+                    errors[k] = exc
+                    continue
+                done(tasks[k][0], result, start, end)
+    _raise_in_order([errors[k] for k in sorted(errors)])
+
+
+def _raise_in_order(errors: list[BaseException]) -> None:
+    spec_errors = [e for e in errors if isinstance(e, SpecError)]
+    if len(errors) != len(spec_errors):
+        raise next(e for e in errors if not isinstance(e, SpecError))
+    if len(spec_errors) > 1:
+        raise SpecErrors(spec_errors)
+    if spec_errors:
+        raise spec_errors[0]
+
+
+def _timed(work: Callable[[T], Any], task: T) -> tuple[Any, float, float]:
+    start = time.time()
+    return work(task), start, time.time()

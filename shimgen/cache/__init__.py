@@ -1,0 +1,1 @@
+"""Caches: state.json per project and the cache shared across machines."""

@@ -1,0 +1,1 @@
+"""Commands: the CLI and what it runs besides a build (check, report, matrix, ci)."""

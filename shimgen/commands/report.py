@@ -1,0 +1,318 @@
+"""`shimgen report`: what a build made, per graph and target (unit): its kernels and the library calls of its model,
+the lockfile's kernel choices with their timings, each translation unit's compile seconds, and the sizes of what
+ships. Everything is read from the build's files, state.json and the lockfile: torch is never imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shimgen.build.meson import unit_name as tu_name
+from shimgen.cache.state import State
+from shimgen.commands import matrix
+from shimgen.errors import UserError
+from shimgen.inductor import lockfile
+from shimgen.pipeline import Layout
+from shimgen.results import CodegenResult, PackageResult, unit_name
+from shimgen.spec import Graph, Target, load_spec
+
+# An Inductor C++ kernel: an extern "C" function defined in a kernels_<k>.cpp file.
+_CPP_KERNEL = re.compile(r'extern\s+"C"\s+[^;{}()]*?\b(\w+)\s*\([^;{}]*?\)\s*\{')
+# Library kernels the model calls: AOTInductor's per-device shims of ATen ops, the few device-less ones, ATen itself.
+_SHIM_CALL = re.compile(r"\b(aoti_torch_(?:cpu|cuda|xpu|mps)_\w+|aoti_torch_(?:_mm_plus_mm_out|index_put_out|scatter_out|"
+                        r"scatter_reduce_out|call_dispatcher))\s*\(")
+_ATEN_CALL = re.compile(r"\b(at::(?:\w+::)*\w+)\s*\(")
+_NOT_KERNELS = re.compile(r"caching_allocator|guard|stream")  # device shims that manage memory or streams
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_DECLARATION = re.compile(r'extern\s+"C"[^;{}]*;')
+_LINKED = (".so", ".pyd", ".dylib", ".dll", ".a", ".lib")
+_PROXY_CALL = "aoti_torch_proxy_executor_call_function"
+
+
+@dataclass(frozen=True)
+class _Build:
+    """What every unit's part of the report reads."""
+
+    name: str
+    layout: Layout
+    state: State
+    packaged: PackageResult | None
+    locked: dict[str, Any]  # the lockfile's sections
+    torch: str | None
+    steps: list[dict[str, Any]]  # translation units, each with its unit (or None)
+
+
+def collect(spec_path: Path, out: Path, only: str | None) -> dict[str, Any]:
+    """The report of the spec's last build under `out` (the one for build identifier `only`) as JSON-able data."""
+    spec = load_spec(spec_path)
+    layout = Layout.of(spec_path, out.resolve(), spec.project.name)
+    if only is not None:
+        picked = matrix.select(spec, only)
+        spec = dataclasses.replace(spec, target=[picked.target])
+        layout = dataclasses.replace(layout, root=layout.root / picked.identifier)
+    if not layout.state_file.is_file():
+        raise UserError(_never_built(spec.project.name, layout, only))
+    state = State(layout.state_file)
+    packaged = state.get(PackageResult, "package") or _unrecorded_package(layout, spec.project.name)
+    build = _Build(spec.project.name, layout, state, packaged, _lockfile_units(layout.lock_path), _torch_version(),
+                   _translation_units(layout))
+    units = {unit_name(g, t): _unit(build, g, t) for t in spec.target for g in spec.graph}
+    return {
+        "name": build.name,
+        "build_dir": str(layout.root),
+        "torch": build.torch,
+        "lockfile": str(layout.lock_path) if layout.lock_path.is_file() else None,
+        "units": units,
+        "translation_units": [_without_unit(s) for s in build.steps if s["unit"] not in units],
+        "wheel": _sized(packaged.wheel) if packaged else None,
+    }
+
+
+def _never_built(name: str, layout: Layout, only: str | None) -> str:
+    message = f"nothing built for {name} under {layout.root}; run shimgen build first"
+    ids = sorted(p.parent.name for p in layout.root.glob("*/state.json")) if only is None else []
+    return message + (f" (it was built with --only: {', '.join(ids)}; pass that to --only)" if ids else "")
+
+
+def _unrecorded_package(layout: Layout, name: str) -> PackageResult | None:
+    """The package a build left in place, when a later one that failed dropped its record: site/ and the wheel its
+    dist-info names."""
+    info = next(layout.site.glob(f"{name}-*.dist-info"), None)
+    if info is None or not (info / "WHEEL").is_file():
+        return None
+    tag = next((line.split(":", 1)[1].strip() for line in (info / "WHEEL").read_text().splitlines() if line.startswith("Tag:")), None)
+    return PackageResult("", layout.dist / f"{info.name.removesuffix('.dist-info')}-{tag}.whl", layout.site) if tag else None
+
+
+def _torch_version() -> str | None:
+    try:
+        return importlib.metadata.version("torch").split("+")[0]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _unit(build: _Build, graph: Graph, target: Target) -> dict[str, Any]:
+    unit = unit_name(graph, target)
+    code = build.state.get(CodegenResult, f"unit:codegen:{unit}")
+    section = lockfile.section(unit, build.torch) if build.torch else None
+    return {
+        "graph": graph.name,
+        "device": target.device,
+        "generated": code is not None,
+        "kernels": _kernels(code) if code else [],
+        "lock_section": section,
+        "kernel_choices": build.locked.get(section, {}).get("choices", []) if section else [],
+        "translation_units": [_without_unit(s) for s in build.steps if s["unit"] == unit],
+        "sizes": {
+            "extension": _sized(_extension(unit, build)),
+            "weights": _sized(code.weights_file or code.weights) if code else None,  # the weights file, or the object linked in
+        },
+    }
+
+
+def _kernels(code: CodegenResult) -> list[dict[str, Any]]:
+    """Inductor's C++ or Triton kernels, then the library and custom-op calls of the model."""
+    model = code.model.read_text(errors="replace")
+    # Calls only: declarations and message text blanked, their newlines kept for the line numbers.
+    calls = _STRING.sub('""', _DECLARATION.sub(lambda m: re.sub(r"[^\n]", " ", m[0]), model))
+    found = [k for path in code.kernels for k in _cpp_kernels(path, calls)]
+    found += [_triton_kernel(ptx, code.triton) for ptx in code.ptx]
+    return found + _library_calls(code.model, calls) + _custom_ops(code, calls)
+
+
+def _cpp_kernels(path: Path, model_calls: str) -> list[dict[str, Any]]:
+    text = path.read_text(errors="replace")
+    matches = list(_CPP_KERNEL.finditer(text))
+    kernels = []
+    for i, m in enumerate(matches):
+        name = m[1]
+        body = text[m.start() : matches[i + 1].start() if i + 1 < len(matches) else len(text)]
+        kernels.append({"name": name, "kind": _cpp_kind(name, body, text), "source": str(path), "line": _line(text, m.start(1)),
+                        "calls": len(re.findall(rf"\b{name}\s*\(", model_calls))})
+    return kernels
+
+
+def _cpp_kind(name: str, body: str, text: str) -> str:
+    # The GEMM template's micro-kernel helpers come before its extern "C" function and carry its name.
+    if name.endswith("_template") or f"{name}_micro_gemm" in text or "micro_gemm" in body or "mm_get_thread_blocking" in body:
+        return "Inductor C++ GEMM template"
+    return "Inductor C++ (fused reduction)" if "tmp_acc" in body else "Inductor C++ (fused pointwise)"
+
+
+def _triton_kernel(ptx: Path, sources: tuple[Path, ...]) -> dict[str, Any]:
+    source = next((s for s in sources if s.stem == ptx.stem), ptx)
+    return {"name": ptx.stem, "kind": "Triton", "source": str(source), "line": None, "calls": None, "ptx": str(ptx)}
+
+
+def _library_calls(model: Path, calls: str) -> list[dict[str, Any]]:
+    """Each library function the model calls, once, with the line of its first call."""
+    first: dict[str, int] = {}
+    counts: Counter[str] = Counter()
+    for m in [*_SHIM_CALL.finditer(calls), *_ATEN_CALL.finditer(calls)]:
+        if not _NOT_KERNELS.search(m[1]):
+            counts[m[1]] += 1
+            first[m[1]] = min(first.get(m[1], m.start(1)), m.start(1))
+    return [{"name": name, "kind": f"library ({_library(name)})", "source": str(model), "line": _line(calls, first[name]),
+             "calls": counts[name]} for name in sorted(counts, key=lambda n: first[n])]
+
+
+def _library(function: str) -> str:
+    """Which library a shim function's op runs in, from the op's name."""
+    op = re.sub(r"^aoti_torch_(cpu|cuda|xpu|mps)_", "", function)
+    cuda = function.startswith("aoti_torch_cuda_")
+    if "mkldnn" in op or "onednn" in op or "_pointwise" in op or "linear_prepack" in op:
+        return "oneDNN"
+    if "mkl" in op:
+        return "MKL"
+    if "fbgemm" in op:
+        return "FBGEMM"
+    if cuda and re.search(r"(^|_)(b?mm|addmm|baddbmm|addbmm|_scaled_mm|linear|addmv)(_out)?$", op):
+        return "cuBLAS"
+    if cuda and ("convolution" in op or "cudnn" in op):
+        return "cuDNN"
+    return "ATen"
+
+
+def _custom_ops(code: CodegenResult, calls: str) -> list[dict[str, Any]]:
+    """The ops the model calls through AOTInductor's proxy executor, from Inductor's description of them."""
+    if code.extern_nodes is None:
+        return []
+    nodes = json.loads(code.extern_nodes.read_text()).get("nodes", [])
+    counts = Counter(str(n["node"]["target"]) for n in nodes)
+    at = calls.find(_PROXY_CALL)
+    return [{"name": op, "kind": "custom op (proxy executor)", "source": str(code.model), "line": _line(calls, at) if at >= 0 else None,
+             "calls": count} for op, count in sorted(counts.items())]
+
+
+def _line(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
+
+
+def _lockfile_units(path: Path) -> dict[str, Any]:
+    """The lockfile's sections; {} without one."""
+    lockfile.read(path)  # refuses a file this version does not read, as a build would
+    return json.loads(path.read_text())["units"] if path.is_file() else {}
+
+
+def _translation_units(layout: Layout) -> list[dict[str, Any]]:
+    """Every output in the Meson build dir's .ninja_log that is still there, its seconds at its last build and its unit."""
+    log = layout.meson / ".ninja_log"
+    seconds: dict[str, float] = {}
+    for line in log.read_text().splitlines() if log.is_file() else []:
+        parts = line.split("\t")
+        if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit():
+            seconds[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000  # later entries are later builds
+    owners = _owners(layout)
+    return [{"name": tu_name(output), "output": output, "step": _step(output), "seconds": s,
+             "unit": owners.get(output) or owners.get(output.split("/")[0])}
+            for output, s in seconds.items() if (layout.meson / output).is_file()]
+
+
+def _owners(layout: Layout) -> dict[str, str]:
+    """Meson's outputs (a target's file, and its `<file>.p` object directory), relative to the build directory, by the
+    unit whose sources (project/src/<unit>/) they are built from, from Meson's own target list."""
+    info = layout.meson / "meson-info" / "intro-targets.json"
+    src = layout.project / "src"
+    owners: dict[str, str] = {}
+    for target in json.loads(info.read_text()) if info.is_file() else []:
+        sources = [Path(s) for group in target.get("target_sources", []) for s in group.get("sources", [])]
+        units = {s.relative_to(src).parts[0] for s in sources if s.is_relative_to(src) and s != src}
+        if len(units) == 1:
+            for file in target.get("filename", []):
+                output = os.path.relpath(file, layout.meson)
+                owners[output] = owners[f"{output}.p"] = next(iter(units))
+    return owners
+
+
+def _step(output: str) -> str:
+    if output.endswith((".o", ".obj")):
+        return "compile"
+    return "link" if output.endswith(_LINKED) else "generate"
+
+
+def _extension(unit: str, build: _Build) -> Path | None:
+    """The unit's extension module in the unpacked wheel; the one in the Meson build directory when not packaged."""
+    for where in ([build.packaged.site / build.name] if build.packaged else []) + [build.layout.meson]:
+        found = sorted(p for p in where.glob(f"_{unit}.*") if p.suffix in (".so", ".pyd"))
+        if found:
+            return found[0]
+    return None
+
+
+def _without_unit(step: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in step.items() if k != "unit"}
+
+
+def _sized(path: Path | None) -> dict[str, Any] | None:
+    return {"path": str(path), "bytes": path.stat().st_size} if path is not None and path.is_file() else None
+
+
+def text(report: dict[str, Any]) -> str:
+    """The report as readable text."""
+    lines = [f"{report['name']}: {report['build_dir']} (torch {report['torch'] or 'not installed'})"]
+    root = Path(report["build_dir"])
+    for unit, data in report["units"].items():
+        lines += ["", f"{unit} (graph {data['graph']}, {data['device']})"]
+        if not data["generated"]:
+            lines.append("  not generated: state.json records no codegen for it (the last build failed before it, or is still running)")
+        lines += _kernel_lines(data["kernels"], root) + _choice_lines(data, report["lockfile"])
+        lines += _tu_lines(data["translation_units"])
+        lines += ["  sizes:"] + _table([[k, _shown(v, root), _bytes(v)] for k, v in data["sizes"].items()], "    ", right=2)
+    if report["translation_units"]:
+        lines += ["", "shared"] + _tu_lines(report["translation_units"])
+    lines += ["", f"wheel: {_shown(report['wheel'], root)} {_bytes(report['wheel'])}".rstrip()]
+    return "\n".join(lines)
+
+
+def _kernel_lines(kernels: list[dict[str, Any]], root: Path) -> list[str]:
+    rows = [[k["name"], k["kind"], _relative(k["source"], root) + (f":{k['line']}" if k["line"] else ""),
+             f"x{k['calls']}" if k["calls"] is not None else ""] for k in kernels]
+    return [f"  kernels ({len(kernels)}):"] + (_table(rows, "    ") if rows else ["    none found"])
+
+
+def _choice_lines(data: dict[str, Any], lock: str | None) -> list[str]:
+    head = f"  kernel choices (lockfile section '{data['lock_section']}', us per call):"
+    if not data["kernel_choices"]:
+        return [f"  kernel choices: none in {'the lockfile' if lock else 'a lockfile (there is none)'}"]
+    lines = [head]
+    for c in data["kernel_choices"]:
+        count = f" x{c['count']}" if c.get("count", 1) > 1 else ""
+        others = "; ".join(f"{name} {us:g}" for name, us in c["us"].items() if name != c["picked"])
+        lines.append(f"    {c['op']}({', '.join(c['sizes'])}){count}: {c['picked']} {c['us'].get(c['picked'], float('nan')):g}"
+                     + (f"; {others}" if others else ""))
+    return lines
+
+
+def _tu_lines(steps: list[dict[str, Any]]) -> list[str]:
+    rows = [[s["name"], s["step"], f"{s['seconds']:.1f}s"] for s in sorted(steps, key=lambda s: -s["seconds"])]
+    return ["  translation units:"] + (_table(rows, "    ", right=2) if rows else ["    none in the Meson build's .ninja_log"])
+
+
+def _table(rows: list[list[str]], indent: str, right: int | None = None) -> list[str]:
+    """Rows in aligned columns; column `right` aligned to the right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(cell.rjust(w) if i == right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+            for row in rows]
+
+
+def _relative(path: str, root: Path) -> str:
+    return os.path.relpath(path, root) if Path(path).is_relative_to(root) else path
+
+
+def _shown(sized: dict[str, Any] | None, root: Path) -> str:
+    return _relative(sized["path"], root) if sized else "missing"
+
+
+def _bytes(sized: dict[str, Any] | None) -> str:
+    if sized is None:
+        return ""
+    n = sized["bytes"]
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB" if n >= 1e3 else f"{n} B"

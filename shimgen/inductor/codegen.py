@@ -1,0 +1,354 @@
+"""Codegen stage: ExportedProgram → C++ sources through Inductor's AOT C++ codegen (cpp-only output).
+
+Inductor writes one `<hash>.wrapper.cpp`: the AOTI runtime interface (an `extern "C"` block that
+is the same text for every graph), the model class, then each CPU kernel as an `extern "C"`
+function after its own include of `cpp_prefix.h`; plus the weights as an ELF object and the
+compile flags as JSON. shimgen cuts that file into translation units that compile in parallel:
+interface.cpp (shared by a project's graphs), model.cpp, and `split` kernel files, and takes the
+ISA from the spec's target, never from the build machine.
+
+For CUDA, Inductor also leaves one PTX file per Triton kernel, which the model loads from the
+symbol `__<kernel>_start` (embed_kernel_binary): the generated Meson project turns each into a
+fatbin for the spec's archs and embeds it. The kernels' Triton sources, kept in the wrapper as
+comments, are saved beside them for the package.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import tempfile
+import textwrap
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from shimgen.errors import UserError
+from shimgen.files import replace_dir, shimgen_fingerprint, stage_key
+from shimgen.inductor import kernel_choice, openmp, proxy_executor, user_triton, weights
+from shimgen.inductor.lockfile import Timings
+from shimgen.results import CodegenResult, CustomOps, TraceResult
+from shimgen.spec import Flags, Target
+from shimgen.trace import custom_ops
+from shimgen.trace import export as trace
+
+KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>"
+INTERFACE_END = '} // extern "C"\n'
+TRITON_SOURCE = re.compile(r"async_compile\.triton\('(\w+)', '{3}\n(.*?)'{3}, device_str='cuda'\)", re.S)
+# -march and CPU_CAPABILITY per spec isa; 'native' keeps what Inductor picked for this machine.
+ISA_FLAGS = {
+    "avx512": (512, ["-march=x86-64-v4", "-mfma"], "CPU_CAPABILITY_AVX512"),
+    "avx2": (256, ["-march=x86-64-v3"], "CPU_CAPABILITY_AVX2"),
+    "default": (1, ["-march=x86-64"], None),
+}
+
+
+def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> dict[str, Any]:
+    """Inductor settings for one graph; `cxx`, the proved compiler, for what Inductor compiles itself."""
+    configs: dict[str, Any] = {
+        "aot_inductor.package_cpp_only": True,
+        "aot_inductor.precompile_headers": False,
+        # Skip Inductor's ISA probe (it compiles test programs: seconds per cold build, pytorch#191715);
+        # the CPU's flags still decide which ISAs are valid, and the spec's target picks among them.
+        "cpp.vec_isa_ok": True,
+        "freezing": flags.freezing,
+        "max_autotune": flags.max_autotune,
+    }
+    if cxx:
+        configs["cpp.cxx"] = (None, cxx)
+    if flags.weights == "file":  # the weights as one blob beside the code (weights.write_from_blob), the model told not to expect them
+        configs.update({"aot_inductor.package_constants_in_so": False, "aot_inductor.package_constants_on_disk_format": "binary_blob"})
+    if target.device == "cuda":
+        configs["aot_inductor.embed_kernel_binary"] = True
+        configs["aot_inductor.emit_multi_arch_kernel"] = True  # PTX, not a cubin for the build GPU alone
+        # A user Triton kernel's PTX is named after its Python function, the symbol the wrapper loads after Inductor's
+        # name for it (<fn>_<n>): unique names make them one, and keep two variants of a kernel apart.
+        configs["triton.unique_user_kernel_names"] = True
+        if flags.gemm_autotune and not flags.max_autotune:  # max_autotune times convolutions too
+            configs.update({"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN"})
+        if flags.tma:
+            # Autotuning would pick cuBLAS or the plain mm template whenever they time faster; TMA means
+            # the persistent TMA template for every GEMM, so the others are left out of the running.
+            configs.update({"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
+                            "triton.enable_persistent_tma_matmul": True,
+                            "test_configs.autotune_choice_name_regex": r"^(?!triton_(mm|bmm)_\d)"})
+        return configs
+    # Inductor's C++ GEMM template packs the weights itself, for the target's ISA; Inductor offers it only with
+    # cpp.weight_prepack, which also lets oneDNN and MKL prepack where `uses_onednn` allows.
+    # Without freezing the weights stay as they are, so that load_weights() can replace them: nothing packed from them.
+    configs["cpp.weight_prepack"] = flags.freezing and (flags.gemm_autotune or uses_onednn(target, flags))
+    if flags.gemm_autotune and not flags.max_autotune:
+        configs.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN"})
+    # Kernels size their OpenMP teams by the calling thread's setting (torch.set_num_threads), not the build machine's.
+    # The GEMM template is written for cpp.threads partitions: at least two, so that it has a parallel region
+    # (openmp.gemm_threads_from_caller then shares them among the caller's team).
+    configs.update({"cpp.dynamic_threads": True, "cpp.threads": max(2, os.cpu_count() or 1)})
+    if target.isa != "native":
+        configs["cpp.simdlen"] = ISA_FLAGS[target.isa][0]
+    return configs
+
+
+def uses_onednn(target: Target, flags: Flags) -> bool:
+    """Whether Inductor may hand CPU convolutions and linear layers to oneDNN and MKL with prepacked weights:
+    their packed layouts are made for the build machine's CPU, so native ISA only."""
+    return target.device == "cpu" and flags.onednn and target.isa == "native"
+
+
+def values_compiled(flags: Flags) -> bool:
+    """Whether the generated code depends on the weights' values, not only on their names, dtypes and shapes: it embeds
+    them, or freezing folds them at build time."""
+    return flags.weights == "embedded" or flags.freezing
+
+
+def codegen_key(traced: TraceResult, target: Target, flags: Flags, locked: Timings, torch_version: str) -> str:
+    """Holds no path of this machine (the shared cache finds it on another); for a native ISA, this machine's CPU.
+    The program counts without its weights' values where the code does not depend on them (`values_compiled`);
+    Python files the trace read count by content (a Triton kernel's source), other files only through the program."""
+    host = _host_cpu() if target.device == "cpu" and target.isa == "native" else None
+    code_read = sorted(digest for path, digest in traced.reads if path.endswith(".py"))
+    return stage_key(traced.structure, traced.out_nodes, traced.weights if values_compiled(flags) else None, code_read, torch_version,
+                     locked, host, target.isa, target.archs,
+                     inductor_configs(target, flags), flags.onednn, flags.split,
+                     shimgen_fingerprint())
+
+
+def _host_cpu() -> str:
+    """The CPU model and its feature flags, what -march=native and Inductor's ISA pick depend on."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    wanted = [line.split(":", 1)[1].strip() for line in lines if line.split(":")[0].strip() in ("model name", "flags")]
+    return stage_key(wanted[:2])
+
+
+def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str, ops: CustomOps | None,
+             locked: Timings, retune: bool = False) -> CodegenResult:
+    """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
+    for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
+    dispatcher at run time. Kernel choices come from the `locked` timings where they have them (unless `retune`).
+    The directory is replaced whole, only on success."""
+    import torch
+
+    staging = out_dir.with_name(out_dir.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    program = torch.export.load(str(traced.program))
+    with tempfile.TemporaryDirectory(prefix="shimgen-codegen-") as tmp:
+        package = Path(tmp) / "model.pt2"
+        try:
+            # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
+            # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
+            per_device = _cuda_codegen(Path(tmp)) if target.device == "cuda" else _parallel_only_with_enough_work()
+            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags), allow_tf32=None), _quiet_autotuning(), per_device, \
+                    _state_not_folded(), kernel_choice.recorded(target.device, locked, retune) as recording:
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
+                )
+        except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
+            refused = _cause(exc, user_triton.UserKernelError)
+            if refused:
+                raise UserError(str(refused)) from None
+            raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}") from exc
+        files, ptx = _extract(package)
+    interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
+    for k, text in enumerate(kernels):
+        if target.device == "cpu":
+            text = openmp.serial_fast_paths(openmp.gemm_threads_from_caller(text))
+        (staging / f"kernels_{k}.cpp").write_text(text)
+    (staging / "interface.cpp").write_text(interface)
+    # Its end, where Inductor's model class is complete, describes the constants to the binding (load_weights).
+    (staging / "model.cpp").write_text(model + '\n#include "shimgen_model_constants.h"\n')
+    (staging / "weights.o").write_bytes(files[".weights.o"])
+    program_weights = {**program.state_dict, **program.constants}
+    constants = weights.mark_plain(weights.parse_constants(model), program_weights)
+    weights.write_constants(constants, staging / "constants.json")
+    if flags.weights == "file":
+        weights.write_from_blob(constants, files.get(".wrapper_weights.blob", b""), staging / "weights.safetensors")
+    extern = json.loads(files[".wrapper.json"]) if ".wrapper.json" in files else {}
+    called = proxy_executor.ops_called(extern)
+    if called:
+        proxy_executor.extern_nodes(extern)  # refuses here what the binding could not call
+        (staging / "extern_nodes.json").write_bytes(files[".wrapper.json"])
+    ptx_names, triton_names = _write_cuda_kernels(model, ptx, staging) if target.device == "cuda" else ([], [])
+    defines, args = compile_flags(json.loads(files[".wrapper_compile_flags.json"]), target)
+    replace_dir(staging, out_dir)
+    return CodegenResult(
+        key, out_dir / "interface.cpp", out_dir / "model.cpp", tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
+        out_dir / "weights.o", tuple(out_dir / name for name in ptx_names), tuple(out_dir / "triton" / name for name in triton_names),
+        tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs, kernel_choice.merged(recording.choices),
+        out_dir / "extern_nodes.json" if called else None, custom_ops.run_time_modules(called, ops), recording.timings,
+        out_dir / "constants.json", out_dir / "weights.safetensors" if flags.weights == "file" else None, traced.weights,
+        tuple(weights.unused_weights(constants, program_weights)), traced.state,
+    )
+
+
+def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> tuple[list[str], list[str]]:
+    """The PTX files and Triton sources written, by file name."""
+    wanted = set(re.findall(r"loadKernel\(__(\w+)_start,", model))
+    if wanted - set(ptx):
+        raise UserError(f"Inductor left no PTX for kernels {', '.join(sorted(wanted - set(ptx)))}; this torch version is not supported")
+    for name in sorted(wanted):
+        (out_dir / f"{name}.ptx").write_bytes(ptx[name])
+    (out_dir / "triton").mkdir()
+    triton = []
+    for name, source in TRITON_SOURCE.findall(model):
+        (out_dir / "triton" / f"{name}.py").write_text(textwrap.dedent(source))
+        triton.append(f"{name}.py")
+    return [f"{name}.ptx" for name in sorted(wanted)], sorted(set(triton))
+
+
+@contextmanager
+def _cuda_codegen(tmp: Path) -> Iterator[None]:
+    with _private_inductor_cache(tmp), user_triton.guarded():
+        yield
+
+
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """`exc` or the first exception of type `kind` it was raised from (Inductor wraps what fails inside it)."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, kind):
+        seen = seen.__cause__ or seen.__context__
+    return seen
+
+
+@contextmanager
+def _private_inductor_cache(tmp: Path) -> Iterator[None]:
+    """AOTInductor writes each CUDA kernel's PTX as <kernel name>.ptx into a cache directory keyed by the
+    graph's Python code, which ignores shapes, and never overwrites a file there: a graph traced again with
+    other shapes (a static and a dynamic batch, say) would package the other's kernels. So CUDA codegen
+    gets a fresh Inductor cache; Triton's compile cache stays shared."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    triton_cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(cache_dir(), "triton", "0")
+    with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}):
+        yield
+
+
+@contextmanager
+def _state_not_folded() -> Iterator[None]:
+    """Inductor's constant folding (at joint-graph time, and freezing's) takes every attribute of the graph module for a
+    constant, also a buffer the graph mutates: `count.add_(1)` over a zero-initialized counter folds to 1 on every call
+    (plain AOTInductor computes it so). A mutated attribute is state: its value is never known at build time."""
+    from torch._inductor.constant_folding import ConstantFolder
+
+    run_node = ConstantFolder.run_node
+
+    def run_node_keeping_state(self: Any, node: Any) -> Any:
+        if node.op == "get_attr" and trace.writes_into(node):
+            return self.unknown_value
+        return run_node(self, node)
+
+    with mock.patch.object(ConstantFolder, "run_node", run_node_keeping_state):
+        yield
+
+
+@contextmanager
+def _parallel_only_with_enough_work() -> Iterator[None]:
+    """With cpp.dynamic_threads, Inductor gives every CPU kernel an OpenMP region, however little work it has, and leaves
+    the rest to the OpenMP runtime; libgomp then wakes a team for a 64-element copy (3 us instead of 1 per call of a
+    tiny graph at 2 threads, milliseconds on a busy machine). Inductor's own rule decides instead: a loop runs in
+    parallel where its work at the traced sizes is enough for the threads, as without dynamic threads; the regions
+    that remain still take the caller's team."""
+    from torch._inductor import config
+    from torch._inductor.codegen.cpp import CppKernel
+
+    decide = CppKernel.decide_parallel_depth
+
+    def decide_by_work(self: Any, max_parallel_depth: Any, threads: int) -> Any:
+        with config.patch({"cpp.dynamic_threads": False}):
+            return decide(self, max_parallel_depth, threads)
+
+    with mock.patch.object(CppKernel, "decide_parallel_depth", decide_by_work):
+        yield
+
+
+@contextmanager
+def _quiet_autotuning() -> Iterator[None]:
+    """Autotuning logs a traceback for every candidate kernel that fails to compile or run (too much
+    shared memory, say) and then drops it; the build is fine, so users need not see them."""
+    loggers = [logging.getLogger(name) for name in ("torch._inductor.select_algorithm", "torch._inductor.autotune_process")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """The wrapper's files by suffix, and the CUDA kernels' PTX by kernel name."""
+    found: dict[str, bytes] = {}
+    ptx: dict[str, bytes] = {}
+    with zipfile.ZipFile(package) as zf:
+        for name in zf.namelist():
+            if name.endswith(".ptx"):
+                ptx[Path(name).stem] = zf.read(name)
+            for suffix in (".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o", ".wrapper.json", ".wrapper_weights.blob"):
+                if name.endswith(suffix):
+                    if suffix in found:
+                        raise UserError(f"Inductor produced more than one {suffix} ({name}); unsupported graph")
+                    found[suffix] = zf.read(name)
+    missing = {".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o"} - set(found)
+    if missing:
+        raise UserError(f"Inductor's output lacks {', '.join(sorted(missing))}; this torch version is not supported")
+    return found, ptx
+
+
+def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
+    """(interface, model, kernel files): the kernels dealt into at most `parts` files of similar size."""
+    # Drop Inductor's trailing "// g++ ..." notes: they hold build-machine temp paths.
+    text = re.sub(r"\n// (Compile cmd|Link cmd|\S*(g\+\+|c\+\+|clang\+\+) )[^\n]*", "", text).rstrip() + "\n"
+    # Inductor's messages hold Python reprs with the object's address (`<function fn at 0x7f...>`), new in every process.
+    text = re.sub(r" at 0x[0-9a-f]+>", ">", text)
+    end = text.find(INTERFACE_END)
+    if end < 0:
+        raise UserError("Inductor's wrapper has no runtime interface block; this torch version is not supported")
+    end += len(INTERFACE_END)
+    interface, rest = text[:end], text[end:]
+    includes = "".join(line + "\n" for line in interface.splitlines() if line.startswith("#include"))
+    model, *kernels = rest.split(KERNEL_START + "\n")
+    kernels = [KERNEL_START + "\n" + k for k in kernels]
+    bins: list[list[int]] = [[] for _ in range(min(parts, len(kernels)))]
+    sizes = [0] * len(bins)
+    for k in sorted(range(len(kernels)), key=lambda k: -len(kernels[k])):  # largest first, into the emptiest file
+        emptiest = sizes.index(min(sizes))
+        bins[emptiest].append(k)
+        sizes[emptiest] += len(kernels[k])
+    return interface, includes + model, ["".join(kernels[k] for k in sorted(b)) for b in bins]
+
+
+def compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str], list[str]]:
+    """(defines, compile args) of Inductor's code from its compile-flags JSON, for the spec's target."""
+    defines = [d.strip() for d in flags_json["definitions"] if d.strip() and d.strip() != "TORCH_INDUCTOR_PRECOMPILE_HEADERS"]
+    # Inductor's math flags decide numerics (e.g. -ffp-contract=off); keep them, drop opt/debug/warning/ISA choices.
+    drop = re.compile(r"^(O\d|Os|g\d?|march=.*|std=.*|W.*|pedantic|fPIC|shared|fopenmp|DNDEBUG)$")
+    args = [f"-{c}" for c in flags_json["cflags"] if not drop.match(c)]
+    if target.device == "cuda":
+        # The host side of a CUDA graph is glue code: baseline x86-64, portable like the fatbins.
+        args += [f"-I{d}" for d in flags_json["include_dirs"] if "torch/include" not in d and "python" not in d]  # CUDA's headers
+        return [d for d in defines if not d.startswith("CPU_CAPABILITY")], args
+    if target.isa == "native":
+        args.append("-march=native")
+        args += [a for p in flags_json.get("passthrough_args", []) for a in p.split()]
+    else:
+        _, isa_args, capability = ISA_FLAGS[target.isa]
+        args += isa_args
+        defines = [d for d in defines if not d.startswith("CPU_CAPABILITY")]
+        if capability:
+            defines.append(capability)
+    return defines, args
+
+
+def _first_lines(text: str, n: int = 6) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return "\n".join(lines[:n]) + ("\n..." if len(lines) > n else "")

@@ -1,0 +1,153 @@
+"""Kernel choices Inductor measures at codegen (`gemm_autotune`, `max_autotune`), recorded for the build summary and
+the lockfile, and replayed from the lockfile.
+
+Inductor times each GEMM's candidate kernels for the traced sizes (the dims' examples) and keeps the
+fastest. Every selection is recorded here, also those answered from Inductor's autotuning cache, whose
+timings are the ones measured when it was filled.
+
+CPU candidates are timed with one thread. A build machine is rarely idle (parallel compiles, other
+builds), and an OpenMP kernel whose second thread waits for a core takes milliseconds at every team
+barrier; one-thread times rank the candidates by their work, which is what a microsecond GEMM's choice
+turns on. The kernels still run with the caller's threads. These timings are cached in a file of their
+own beside Inductor's autotuning cache, which holds timings taken with all threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from unittest import mock
+
+from shimgen.inductor.lockfile import Timings
+from shimgen.results import KernelChoice
+
+# Extern (library) kernels by the name Inductor's choice carries; the rest are Inductor's own templates.
+LIBRARIES = {
+    "_linear_pointwise": "oneDNN",
+    "_mkl_linear": "MKL",
+    "_convolution_pointwise": "oneDNN",
+}
+
+
+def kind(choice_name: str, extern: bool) -> str:
+    """What kind of kernel a candidate is: a library's, ATen's, or one of Inductor's templates."""
+    if extern:
+        return LIBRARIES.get(choice_name.split(".")[0], "ATen")  # _linear_pointwise.binary: oneDNN too
+    if choice_name.startswith("cpp_"):
+        return "Inductor C++ GEMM template"
+    return "Inductor Triton template" if choice_name.startswith("triton_") else "Inductor template"
+
+
+@dataclass
+class Recording:
+    choices: list[KernelChoice] = field(default_factory=list)
+    timings: Timings = field(default_factory=dict)  # every timing record Inductor's selections used, in the lockfile's shape
+
+
+@contextmanager
+def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
+    """Inductor's configuration for the duration: every kernel selection recorded; a selection whose candidates
+    all have timings in `locked` takes them from there instead of measuring (none does with `retune`)."""
+    import torch
+    from torch._inductor import config, select_algorithm
+    from torch._inductor.codecache import CacheBase, PersistentCache
+    from torch._inductor.virtualized import V
+
+    recording = Recording()
+    choices = recording.choices
+    measure = PersistentCache.lookup
+
+    def lookup(self: Any, candidates: list[Any], op: str, inputs: str, benchmark: Any, hint_override: int | None = None) -> dict[Any, float]:
+        key = f"{inputs}_{hint_override}" if hint_override is not None else inputs
+        benchmark = _keeping_input_layouts(benchmark, candidates)
+        precision = torch.get_float32_matmul_precision()
+        replay = locked.get(op, {}).get(key, {}).get(precision, {})
+        if not retune and candidates and all(c.hash_key() in replay for c in candidates):
+            timings = {c: replay[c.hash_key()] for c in candidates}
+        elif retune:
+            timings = benchmark(candidates) if benchmark is not None else {}
+        else:
+            timings = measure(self, candidates, op, inputs, benchmark, hint_override)
+        record = recording.timings.setdefault(op, {}).setdefault(key, {}).setdefault(precision, {})
+        record.update({c.hash_key(): t for c, t in timings.items()})
+        return timings
+
+    def log_results(name: str, input_nodes: list[Any], timings: dict[Any, float], *args: Any, **kwargs: Any) -> None:
+        if timings:
+            choices.append(_choice(name, [_sizes(V.graph, node) for node in input_nodes], timings))
+
+    threads = torch.get_num_threads()
+    with ExitStack() as stack:
+        stack.enter_context(config.patch({"trace.log_autotuning_results": True}))  # makes Inductor report cached selections too
+        stack.enter_context(mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results)))
+        stack.enter_context(mock.patch.object(PersistentCache, "lookup", lookup))
+        if device == "cpu":
+            cache = CacheBase.get_local_cache_path()
+            one_thread_cache = cache.with_name(f"{cache.name}-shimgen-cpu-one-thread")
+            stack.enter_context(mock.patch.object(CacheBase, "get_local_cache_path", staticmethod(lambda: one_thread_cache)))
+            torch.set_num_threads(1)
+            stack.callback(torch.set_num_threads, threads)
+        yield recording
+
+
+def _keeping_input_layouts(benchmark: Any, candidates: list[Any]) -> Any:
+    """`benchmark` restoring the sizes and strides of the candidates' input nodes afterwards.
+
+    Timing the C++ GEMM template runs its preprocessor on the example tensors, and for a weight input whose size has a
+    symbol (a bmm's mat2 with the dynamic batch) that preprocessor writes the traced sizes into the list that is the
+    input node's own layout (CppGemmTemplate.add_choices' normalize_shapes: `view_size[:] = guarding_hints_or_throw(...)`,
+    `view_size` being `W.layout.size`). Every candidate shares that node, so whichever wins, the code generated
+    afterwards reads the batch as its traced value: ATen's bmm is called with mat2 viewed as 128 matrices at any batch
+    ("Expected size for first two dimensions of batch2 tensor to be: [64, 32] but got: [128, 32]"). A selection
+    answered from timings already measured (the lockfile, Inductor's cache) never runs it and keeps the symbols."""
+    if benchmark is None:
+        return None
+    layouts = []
+    for node in {id(n): n for c in candidates for n in getattr(c, "input_nodes", ())}.values():
+        try:
+            layout = node.get_layout()
+        except Exception:  # a node without a layout of its own (NoneAsConstantBuffer, a multi-output's parent)
+            continue
+        layouts += [(layout, attr, list(getattr(layout, attr))) for attr in ("size", "stride")
+                    if isinstance(getattr(layout, attr, None), list)]
+
+    def measure(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return benchmark(*args, **kwargs)
+        finally:
+            for layout, attr, values in layouts:
+                getattr(layout, attr)[:] = values  # in place: the template's preprocessor holds this same list
+
+    return measure
+
+
+def _sizes(graph: Any, node: Any) -> str:
+    try:
+        return "x".join(str(s) for s in graph.sizevars.optimization_hints(node.get_size()))
+    except Exception:  # a node without a size (a scalar argument) or without hints
+        return "?"
+
+
+def _choice(op: str, sizes: list[str], timings: dict[Any, float]) -> KernelChoice:
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    def label(caller: Any) -> str:
+        name = getattr(caller, "name", str(caller))
+        return f"{kind(name, isinstance(caller, ExternKernelCaller))} {name}"
+
+    best = min(timings, key=timings.__getitem__)
+    # Template candidates are numbered per selection (cpp_..._3); the number says nothing to a reader.
+    us = {label(c).rstrip("0123456789").rstrip("_"): round(t * 1000, 3) for c, t in sorted(timings.items(), key=lambda kv: kv[1])}
+    return KernelChoice(op, tuple(sizes), label(best).rstrip("0123456789").rstrip("_"), us)
+
+
+def merged(choices: list[KernelChoice]) -> tuple[KernelChoice, ...]:
+    """Identical selections (same op, sizes and outcome) as one, with their count."""
+    counts: dict[tuple[str, tuple[str, ...], str], KernelChoice] = {}
+    for c in choices:
+        key = (c.op, c.sizes, c.picked)
+        seen = counts.get(key)
+        counts[key] = c if seen is None else KernelChoice(c.op, c.sizes, c.picked, seen.us, seen.count + 1)
+    return tuple(counts.values())

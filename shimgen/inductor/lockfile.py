@@ -1,0 +1,66 @@
+"""`<spec>.lock`: every kernel choice Inductor makes by timing (`gemm_autotune`, `max_autotune`), kept beside the
+spec so that the next build, on any machine, replays it instead of measuring again: the same spec, toolchain and
+torch then give the same kernels (and the same wheel). Meant to be committed; `shimgen build --retune` measures again.
+
+Per unit (graph, device, torch) it holds Inductor's own timing records (op -> input layouts -> float32 matmul
+precision -> candidate hash -> ms), which Inductor's autotuning cache reads in the same shape, and beside them the
+choices as a reader wants them (op, sizes, winner, microseconds per candidate).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from shimgen.errors import UserError
+from shimgen.files import exclusive, write_if_changed
+from shimgen.results import KernelChoice, to_json
+
+FORMAT = 1
+HEADER = ("Kernel choices shimgen measured at build time, replayed by later builds on any machine. Commit this file; "
+          "`shimgen build --retune` measures again and rewrites it.")
+
+Timings = dict[str, Any]  # op -> inputs key -> precision -> choice hash -> milliseconds
+
+
+def path_for(spec_path: Path) -> Path:
+    return spec_path.with_name(spec_path.name + ".lock")
+
+
+def section(unit: str, torch_version: str) -> str:
+    return f"{unit} torch{torch_version}"
+
+
+def read(path: Path) -> dict[str, Timings]:
+    """The timing records by section; {} without a lockfile."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        units = data["units"]
+        if data.get("format") != FORMAT or not isinstance(units, dict):
+            raise ValueError(f"format {data.get('format')!r}")
+        return {name: unit["timings"] for name, unit in units.items()}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: not a shimgen lockfile this version reads ({exc}); delete it or build with --retune") from None
+
+
+def update(path: Path, sections: dict[str, tuple[Timings, tuple[KernelChoice, ...]]], keep: set[str]) -> bool:
+    """Write `sections` into the lockfile, keeping the other sections named in `keep` (units of other torch versions);
+    True when the file changed. Builds of one spec in several output directories at once take turns."""
+    with exclusive(path.with_name(f".{path.name}.writing")):
+        try:
+            units = json.loads(path.read_text())["units"] if path.is_file() else {}
+        except (ValueError, KeyError, TypeError):
+            units = {}
+        units = {name: unit for name, unit in units.items() if name in keep}
+        for name, (timings, choices) in sections.items():
+            if timings:
+                units[name] = {"choices": to_json(choices), "timings": timings}
+            else:
+                units.pop(name, None)
+        if not units and not path.is_file():
+            return False
+        text = json.dumps({"comment": HEADER, "format": FORMAT, "units": units}, indent=1, sort_keys=True) + "\n"
+        return write_if_changed(path, text)

@@ -1,0 +1,1 @@
+"""Package: the built project → a verified wheel and the importable package; wheels merged."""

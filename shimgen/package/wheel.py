@@ -1,0 +1,167 @@
+"""Package stage: meson-python turns the compiled build directory into a wheel; the wheel unpacked
+is the importable package directory. Both are replaced only after the unpacked package imports in
+a fresh interpreter, so a build that reports success always leaves a package that imports.
+
+The wheel is reproducible: its members are rewritten in sorted order (the .dist-info directory last, RECORD
+last of all), with SOURCE_DATE_EPOCH's timestamp and permissions that do not depend on the umask. A member is
+deflated only where that pays: weights (float data, in a .safetensors file or as most of an extension module's
+bytes) hardly deflate (to about 93%), and deflating MiniLM's 90 MB of them took 3 s of every build on 2 cores.
+The choice is made from the member's content alone, so identical members still give an identical wheel.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import pickle
+import shutil
+import stat
+import tempfile
+import time
+import zipfile
+import zlib
+from pathlib import Path
+
+from shimgen.build.meson import ZIP_EPOCH, build_wheel, source_date_epoch
+from shimgen.build.process import run
+from shimgen.errors import BuildError
+from shimgen.files import replace_dir
+from shimgen.package import verify
+from shimgen.results import PackageResult
+from shimgen.toolchain import Toolchain
+
+# Whether to deflate a member is judged on a sample of this many bytes: the whole member when it is smaller, else
+# _SAMPLE_CHUNKS pieces taken at the middles of equal strides over it. An extension module with compiled-in weights
+# starts with its code (deflates to 70%) and carries the weights after it: its first bytes alone would mislead.
+_SAMPLE_BYTES = 1 << 20
+_SAMPLE_CHUNKS = 16
+_STORE_ABOVE = 0.9  # store a member whose sample deflates (zlib level 6, ZipFile's default) to more than this
+_ALWAYS_STORED = (".safetensors",)
+
+
+def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name: str, tc: Toolchain, launcher: str | None,
+                     key: str, module_dirs: tuple[Path, ...] = (), plan: verify.Plan | None = None) -> PackageResult:
+    """The wheel in `dist` and its contents in `site` (a directory that can go on sys.path); `module_dirs` hold the
+    Python modules the package imports besides torch (the spec's directory, for its custom ops' modules)."""
+    dist.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
+        wheel = build_wheel(source, build_dir, Path(tmp), tc, launcher)
+        normalize_wheel(wheel, source_date_epoch())
+        return install(wheel, dist, site, name, tc, key, module_dirs, plan)
+
+
+def normalize_wheel(wheel: Path, epoch: int) -> None:
+    """Rewrite `wheel` in place so that its bytes depend only on its members' names and contents."""
+    with zipfile.ZipFile(wheel) as zf:
+        members = {info.filename: (zf.read(info), bool((info.external_attr >> 16) & 0o111)) for info in zf.infolist() if not info.is_dir()}
+    if not any(name.endswith(".dist-info/RECORD") for name in members):
+        raise BuildError(f"meson-python wrote a wheel without a RECORD: {wheel.name}")
+    write_wheel(wheel, members, epoch)
+
+
+def write_wheel(wheel: Path, members: dict[str, tuple[bytes, bool]], epoch: int | None = None) -> None:
+    """A wheel of `members` (name: (content, executable)), atomically: members sorted (.dist-info last, its RECORD
+    regenerated in that order and last), every timestamp `epoch` (default SOURCE_DATE_EPOCH's), modes 0644 or 0755,
+    each member deflated or stored as `compress_type` decides from its name and content."""
+    epoch = source_date_epoch() if epoch is None else epoch
+    members = {name: member for name, member in members.items() if not name.endswith(".dist-info/RECORD")}
+    names = sorted(members, key=lambda name: (name.split("/")[0].endswith(".dist-info"), name))
+    record = next(name.split("/")[0] for name in names if name.split("/")[0].endswith(".dist-info")) + "/RECORD"
+    rewritten = wheel.with_name(wheel.name + ".tmp")
+    with zipfile.ZipFile(rewritten, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in names:
+            data, executable = members[name]
+            zf.writestr(_zip_entry(name, epoch, executable, compress_type(name, data)), data)
+        record_data = _record(names, members, record)
+        zf.writestr(_zip_entry(record, epoch, False, compress_type(record, record_data)), record_data)
+    rewritten.replace(wheel)
+
+
+def compress_type(name: str, data: bytes) -> int:
+    """ZIP_STORED for a member that deflate would hardly shrink (judged on a sample of its content), else ZIP_DEFLATED."""
+    if name.endswith(_ALWAYS_STORED):
+        return zipfile.ZIP_STORED
+    if len(data) <= _SAMPLE_BYTES:
+        sample = data
+    else:
+        chunk, stride = _SAMPLE_BYTES // _SAMPLE_CHUNKS, len(data) / _SAMPLE_CHUNKS
+        starts = (int(stride * (k + 0.5)) - chunk // 2 for k in range(_SAMPLE_CHUNKS))
+        sample = b"".join(data[start:start + chunk] for start in starts)
+    if not sample:
+        return zipfile.ZIP_DEFLATED
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, as a zip member holds it (no zlib header)
+    deflated = len(deflate.compress(sample)) + len(deflate.flush())
+    return zipfile.ZIP_STORED if deflated > _STORE_ABOVE * len(sample) else zipfile.ZIP_DEFLATED
+
+
+def _zip_entry(name: str, epoch: int, executable: bool, compress: int) -> zipfile.ZipInfo:
+    # A zip timestamp has no time zone: UTC, as reproducible-builds.org has it (and meson-python does).
+    info = zipfile.ZipInfo(name, time.gmtime(max(epoch, ZIP_EPOCH))[:6])
+    info.external_attr = (stat.S_IFREG | (0o755 if executable else 0o644)) << 16
+    info.create_system = 3  # Unix, whatever the build machine (the modes above are Unix modes)
+    info.compress_type = compress
+    return info
+
+
+def _record(names: list[str], members: dict[str, tuple[bytes, bool]], record: str) -> bytes:
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    for name in names:
+        data = members[name][0]
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        writer.writerow((name, f"sha256={digest}", len(data)))
+    writer.writerow((record, "", ""))
+    return text.getvalue().encode()
+
+
+def _unpack(wheel: Path, staging: Path) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(staging)
+    for member in staging.rglob("*.so"):
+        member.chmod(0o755)
+
+
+# This shimgen's verify module, imported from where this shimgen is; its directory is taken off sys.path again.
+_VERIFY = ("import sys; sys.path.insert(0, sys.argv[1]); from shimgen.package import verify; sys.path.remove(sys.argv[1]); "
+           "sys.exit(verify.main(sys.argv[2:]))")
+
+
+def _check(staging: Path, name: str, tc: Toolchain, module_dirs: tuple[Path, ...], plan: verify.Plan | None) -> verify.Report:
+    """The unpacked package imported in a fresh interpreter and, given a plan, its graphs run against their traced programs
+    (shimgen/package/verify.py); where either fails, `staging` is removed and the build fails."""
+    with tempfile.TemporaryDirectory(prefix="shimgen-verify-") as tmp:
+        plan_file, report_file = Path(tmp) / "plan.pickle", Path(tmp) / "report.json"
+        if plan is not None:
+            plan_file.write_bytes(pickle.dumps(plan))
+        checked = run([tc.python, "-c", _VERIFY, str(Path(verify.__file__).parents[2]), str(staging), name, str(report_file),
+                       str(plan_file) if plan else "-", *map(str, module_dirs)])
+        report = verify.Report(**json.loads(report_file.read_text())) if report_file.is_file() else verify.Report()
+    if checked.ok:
+        return report
+    shutil.rmtree(staging, ignore_errors=True)
+    kept = "the previous package is left in place"
+    if report.failure.startswith("import: ") or (not report.failure and not report.running):
+        crash = f" (it crashed with signal {checked.signal})" if checked.signal else ""
+        raise BuildError(f"the built package '{name}' does not import{crash}; {kept}: {report.failure.removeprefix('import: ') or checked.tail(1)}")
+    if report.failure:
+        raise BuildError(f"the built package '{name}' does not compute what its traced program does; {kept}: {report.failure}")
+    crash = f"crashed with signal {checked.signal}" if checked.signal else f"failed: {checked.tail(1)}"
+    raise BuildError(f"the built package '{name}' {crash} at {report.running}; {kept}")
+
+
+def install(wheel: Path, dist: Path, site: Path, name: str, tc: Toolchain, key: str, module_dirs: tuple[Path, ...] = (),
+            plan: verify.Plan | None = None) -> PackageResult:
+    """`wheel` (just built, or from the shared cache) moved into `dist` and unpacked in `site`, once it imports here and,
+    given a plan, computes what its traced programs do."""
+    dist.mkdir(parents=True, exist_ok=True)
+    staging = site.with_name(site.name + ".new")
+    _unpack(wheel, staging)
+    report = _check(staging, name, tc, module_dirs, plan)
+    final = dist / wheel.name
+    wheel.replace(final)
+    replace_dir(staging, site)
+    return PackageResult(key, final, site, tuple(report.cases), tuple(report.skipped), report.seconds)

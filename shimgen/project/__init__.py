@@ -1,0 +1,1 @@
+"""Project: the stages' results rendered into a Meson project (Jinja templates under templates/)."""

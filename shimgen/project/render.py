@@ -1,0 +1,399 @@
+"""Render stage: templates under shimgen/templates → a generated Meson project, the toolchain probe,
+or the per-user prebuilt pieces.
+
+Files are written only when their content changes, so ninja rebuilds only what really changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from shimgen.files import stage_key, write_if_changed
+from shimgen.inductor import proxy_executor, weights
+from shimgen.project import escape
+from shimgen.results import OBJECT, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit, Variant
+from shimgen.spec import Flags, Graph, ProjectSpec, Target
+from shimgen.spec.model import SCALAR_TYPES
+from shimgen.toolchain import Toolchain, cache_dir
+from shimgen.toolchain.cuda import CudaToolchain
+from shimgen.trace import variants
+
+TEMPLATES = Path(__file__).parent / "templates"
+RUNTIME = Path(__file__).parents[1] / "runtime"  # shipped or compiled as they are
+TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meson project shimgen writes
+PROBE_FILES = ("probe.cpp", "check_probe.py", "shimgen_runtime.cpp", "shimgen_runtime.h")  # under RUNTIME
+# What __init__.py is rendered from, shipped beside it as BUILD_MANIFEST for `shimgen merge`.
+INIT_CONTEXT = ("name", "version", "description", "spec_file", "target_ids", "torch_version", "targets", "units", "graphs", "op_libraries",
+                "op_modules", "docstrings", "freezing")
+BUILD_MANIFEST = "_shimgen_build.json"
+OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=escape.require_escaped,
+    )
+    env.filters.update(escape.FILTERS)
+    return env
+
+
+def render_probe(tc: Toolchain, out: Path) -> None:
+    env = _env()
+    write_if_changed(out / "meson.build", env.get_template("probe/meson.build.j2").render(tc=tc, path_maps=path_maps(tc)))
+    for name in PROBE_FILES:
+        write_if_changed(out / name, (RUNTIME / name).read_bytes())
+
+
+def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, out: Path) -> None:
+    env = _env()
+    context = {"tc": tc, "inductor_args": compile_args, "wrapper_opt": OPT[flags.wrapper_opt], "kernel_opt": OPT[flags.kernel_opt],
+               "pch": flags.pch, "path_maps": path_maps(tc)}
+    write_if_changed(out / "meson.build", env.get_template("prebuilt/meson.build.j2").render(context))
+    write_if_changed(out / "aoti_interface.cpp", interface)
+    write_if_changed(out / "empty.cpp", "")
+    write_if_changed(out / "pch" / "wrapper_pch.h", env.get_template("prebuilt/wrapper_pch.h.j2").render(device=device))
+    write_if_changed(out / "pch" / "kernel_pch.h", (RUNTIME / "kernel_pch.h").read_bytes())
+
+
+def render_ops(spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, sources: list[list[Path]],
+               out: Path) -> dict[int, str]:
+    """Write the Meson project of the custom ops' libraries into `out`; their target names by entry."""
+    libraries = []
+    for i, entry_sources in enumerate(sources):
+        if entry_sources:
+            libraries.append({"entry": i, "name": f"{spec.project.name}_ops{i}", "cxx": [str(s) for s in entry_sources if s.suffix != ".cu"],
+                              "cuda": [str(s) for s in entry_sources if s.suffix == ".cu"]})
+    maps = path_maps(tc, tuple(sorted({s.parent for entry_sources in sources for s in entry_sources})))
+    nvcc_args: list[str] = []
+    uses_cuda = any(lib["cuda"] for lib in libraries)
+    if cuda and uses_cuda:
+        archs = next(t.archs for t in spec.target if t.device == "cuda")
+        nvcc_args = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-ccbin", tc.cxx, "-Xcompiler", "-fPIC",
+                     "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                     "-D__CUDA_NO_HALF2_OPERATORS__", *[a for d in tc.torch_includes for a in ("-isystem", d)],
+                     *[a for m in maps if "," not in m for a in ("-Xcompiler", m)]]  # nvcc splits -Xcompiler at commas
+        for arch in archs:
+            number = arch[3:]
+            nvcc_args.append(f"-gencode=arch=compute_{number},code={arch}")
+        nvcc_args.append(f"-gencode=arch=compute_{archs[-1][3:]},code=compute_{archs[-1][3:]}")  # PTX for newer GPUs
+    context = {"name": spec.project.name, "spec_file": spec_file, "tc": tc, "cuda": cuda if uses_cuda else None,
+               "nvcc_args": nvcc_args, "libraries": libraries, "path_maps": maps}
+    write_if_changed(out / "meson.build", _env().get_template("ops/meson.build.j2").render(context))
+    return {lib["entry"]: lib["name"] for lib in libraries}
+
+
+def render_project(
+    spec: ProjectSpec, version: str, spec_file: str, tc: Toolchain, runtime_lib: Path, cuda: CudaToolchain | None, units: list[Unit],
+    prebuilt: dict[str, Prebuilt], ops: CustomOps | None, out: Path,
+) -> RenderedProject:
+    """Write the generated Meson project into `out`; the package's `version` holds its local label."""
+    env = _env()
+    name = spec.project.name
+    files: dict[Path, str | bytes] = {}
+    binding = env.get_template("project/binding.cpp.j2")
+    target_ids = " and ".join(target_id(t) for t in spec.target)
+    unit_context = []
+    for u in units:
+        models = []
+        for (work, code), variant in zip(u.generated, (None, *u.variants), strict=True):
+            src = out / "src" / work
+            for path in (code.model, code.weights, *code.kernels, *code.ptx):
+                files[src / path.name] = path.read_bytes()
+            for path in code.triton:
+                files[src / "triton" / path.name] = path.read_bytes()
+            if code.extern_nodes:
+                nodes = proxy_executor.extern_nodes(json.loads(code.extern_nodes.read_text()))
+                files[src / "proxy_executor.cpp"] = env.get_template("project/proxy_executor.cpp.j2").render(graph=u.graph.name, nodes=nodes)
+            if variant is not None:
+                files[src / "variant.cpp"] = env.get_template("project/variant.cpp.j2").render(
+                    graph=u.graph.name, sizes=_label(variant), device=u.target.device, proxy_executor=code.extern_nodes is not None,
+                    has_last_error=tc.has_last_error)
+            models.append({"dir": work, "library": u.library(variant) if variant else None, "label": _label(variant) if variant else "",
+                           "kernels": [p.name for p in code.kernels], "cuda_kernels": [p.stem for p in code.ptx],
+                           "triton": [p.name for p in code.triton], "proxy_executor": code.extern_nodes is not None})
+        if u.code.weights_file:
+            dynamic = u.code.weights_file
+            files[out / "src" / u.name / f"{u.name}.safetensors"] = weights.merged(dynamic, [(v.name, v.code.weights_file) for v in u.variants
+                                                                                              if v.code.weights_file]) \
+                if u.variants else dynamic.read_bytes()
+        context = _binding_context(u, tc, spec, target_ids)
+        files[out / "src" / u.name / "binding.cpp"] = binding.render(context)
+        files[out / "src" / u.name / "variants.cpp"] = env.get_template("project/variants.cpp.j2").render(context)
+        unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "models": models,
+                             "weights_file": f"{u.name}.safetensors" if u.code.weights_file else None,
+                             "constants": weights.package_view(weights.read_constants(u.code.constants), u.code.state) if u.code.constants else [],
+                             "unused_weights": list(u.code.unused_weights),
+                             # Graphs that build the same module share its state (prefill and decode over one KV cache).
+                             "state_owner": stage_key(u.graph.entry, u.graph.args, u.graph.kwargs, u.graph.seed)[:16],
+                             "variants": [{"name": v.name, "label": _label(v), "library": f"{u.library(v)}.so",
+                                           "constants": weights.package_view(weights.read_constants(v.code.constants), v.code.state)
+                                           if v.code.constants else []}
+                                          for v in u.variants]})
+    libraries = []
+    if ops:
+        for entry, path in zip([i for i, op in enumerate(spec.custom_op) if op.sources], ops.libraries, strict=True):
+            files[out / "src" / "ops" / path.name] = path.read_bytes()
+            libraries.append({"file": path.name, "op": next(d.name for d in ops.ops if d.entry == entry and d.module is None)})
+    targets = []
+    for t in spec.target:
+        built = prebuilt[t.device]
+        targets.append({
+            "device": t.device,
+            "archs": t.archs,
+            "inductor_args": next(u.code.compile_args for u in units if u.target is t),
+            "interface_lib": str(built.interface_lib),
+            "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
+            "kernel_pch_args": ["-include", str(built.kernel_pch), "-Winvalid-pch"] if built.kernel_pch else [],
+        })
+    context = {
+        "name": name,
+        "version": version,
+        "description": spec.project.description,
+        "spec_file": spec_file,
+        "target_ids": target_ids,
+        "tc": tc,
+        "path_maps": path_maps(tc),
+        "runtime_lib": str(runtime_lib),
+        "cuda": cuda,
+        "torch_version": tc.torch_version,
+        "python_version": tc.python_version,
+        "wrapper_opt": OPT[spec.flags.wrapper_opt],
+        "kernel_opt": OPT[spec.flags.kernel_opt],
+        "targets": targets,
+        "units": unit_context,
+        "graphs": [g.name for g in spec.graph],
+        "op_libraries": libraries,
+        "op_modules": _op_modules(spec, units),
+        "freezing": spec.flags.freezing,
+        "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g), spec.runtime.instances,
+                                         any(t.device == "cpu" for t in spec.target), state=next(u.code.state for u in units if u.graph is g),
+                                         made=next(u.variants for u in units if u.graph is g))
+                       for g in spec.graph},
+    }
+    files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
+    files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
+    # Devices and names only: the manifest holds no path of the build machine.
+    package = {**{k: context[k] for k in INIT_CONTEXT}, "targets": [{"device": t["device"]} for t in targets],
+               "units": [{k: u[k] for k in ("name", "graph", "device", "weights_file", "constants", "unused_weights", "state_owner",
+                                         "variants")}
+                         for u in unit_context]}
+    files[out / name / "__init__.py"] = render_init(package)
+    files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"
+    files[out / name / "_shimgen_weights.py"] = (RUNTIME / "_shimgen_weights.py").read_text()
+    runtime = ["shimgen_runtime.h", "shimgen_weights.h", "shimgen_model_constants.h", "shimgen_model_api.h", "shimgen_variants.h",
+               "shimgen_state.h"]
+    runtime += (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
+    for runtime_file in runtime:
+        files[out / "src" / runtime_file] = (RUNTIME / runtime_file).read_text()
+    for path, content in files.items():
+        write_if_changed(path, content)
+    _remove_stale(out, set(files))
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        content = files[path]
+        digest.update(f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content))
+    return RenderedProject(digest.hexdigest(), out, tuple(sorted(files)))
+
+
+def path_maps(tc: Toolchain, source_dirs: tuple[Path, ...] = ()) -> list[str]:
+    """Compiler arguments that give fixed names to the directories outside a build directory that compiled code may
+    record in __FILE__ or debug information: the headers of torch and Python (their last two components), shimgen's
+    per-user cache (precompiled headers, prebuilt libraries) and `source_dirs` (their own names)."""
+    names = {d: "/".join(Path(d).parts[-2:]) for d in tc.torch_includes}
+    names[str(cache_dir().parent)] = "shimgen-cache"
+    names.update({str(d): d.name for d in source_dirs})
+    return [f"-ffile-prefix-map={d}={name}" for d, name in names.items()]
+
+
+def render_init(package: dict[str, Any]) -> str:
+    """The package's __init__.py from its manifest (BUILD_MANIFEST), which `shimgen merge` combines."""
+    return _env().get_template("project/__init__.py.j2").render(package)
+
+
+def _op_modules(spec: ProjectSpec, units: list[Unit]) -> list[dict[str, str]]:
+    """The modules the package imports before its graphs, each with what needs it, for the ImportError."""
+    modules: dict[str, list[str]] = {}
+    for u in units:
+        for module in u.code.run_time_modules:
+            modules.setdefault(module, []).append(u.graph.name)
+    entries = {op.module: i for i, op in enumerate(spec.custom_op) if op.module}
+    return [{"module": m, "needed_by": (f"custom_op[{entries[m]}].module of the spec; " if m in entries else "")
+             + f"it defines ops that {'graphs' if len(set(g)) > 1 else 'graph'} {', '.join(sorted(set(g)))} call{'' if len(set(g)) > 1 else 's'}"}
+            for m, g in modules.items()]
+
+
+def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str) -> dict[str, Any]:
+    graph = u.graph
+    dim_index = {name: k for k, name in enumerate(graph.dims)}
+    cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
+    inputs = []
+    for inp in graph.inputs:
+        dims_text = ", ".join(str(s) for s in inp.shape)
+        inputs.append({
+            "name": inp.name,
+            "scalar_type": SCALAR_TYPES[inp.dtype],
+            "memory_format": "ChannelsLast" if inp.memory_format == "channels_last" else "Contiguous",
+            "sizes": [-1 if isinstance(s, str) else s for s in inp.shape],
+            "dims": [dim_index[s] if isinstance(s, str) else -1 for s in inp.shape],
+            "signature": f"{inp.dtype}[{dims_text}]",
+        })
+    return {
+        "graph": graph.name,
+        "module": f"_{u.name}",
+        "target_ids": target_ids,
+        "device": u.target.device,
+        "device_type": "CPU" if u.target.device == "cpu" else "CUDA",
+        "inputs": inputs,
+        "num_positional": sum(1 for inp in graph.inputs if not inp.keyword),
+        "max_rank": max(1, max(len(inp.shape) for inp in graph.inputs)),
+        "dims": [{"name": n, "min": d.min, "max": d.max, "multiple_of": d.multiple_of} for n, d in graph.dims.items()],
+        "out_nodes": _out_node_table(u.code.out_nodes),
+        "out_objects": _out_object_table(u.code.out_nodes),
+        "max_object_args": max([1] + [n.arity + len(n.type.dropped) for n in u.code.out_nodes if n.type]),
+        "num_outputs": u.code.num_outputs,
+        "dtypes": [{"scalar_type": scalar, "name": f"torch.{dtype}"} for dtype, scalar in SCALAR_TYPES.items()],
+        "instances": spec.runtime.instances,
+        "cuda_graphs": cuda_graphs,
+        "has_last_error": tc.has_last_error,
+        "proxy_executor": u.code.extern_nodes is not None,
+        "weights_in_file": u.code.weights_file is not None,
+        "state": sorted({name for _, code in u.generated for name in code.state}),
+        "variants": [{"label": _label(v), "library": f"{u.library(v)}.so", "dim_sizes": [dict(v.sizes).get(name, -1) for name in graph.dims],
+                      "captured": cuda_graphs and variants.fully_static(graph, dict(v.sizes))} for v in u.variants],
+        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, u.target.device == "cpu", cuda_graphs, u.code.state,
+                               u.variants),
+    }
+
+
+def _label(variant: Variant) -> str:
+    """batch=1, seq=128"""
+    return ", ".join(f"{dim}={size}" for dim, size in variant.sizes)
+
+
+def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | None = None, cpu: bool = False, cuda_graphs: bool = False,
+              state: tuple[str, ...] = (), made: tuple[Variant, ...] = ()) -> str:
+    """The callable's docstring; `instances` and `cpu` add how calls share threads, `state` what the graph mutates, `made`
+    its variants."""
+    positional = [i.name for i in graph.inputs if not i.keyword]
+    keyword = [i.name for i in graph.inputs if i.keyword]
+    params = ", ".join(positional + (["*"] + keyword if keyword else []))
+    lines = [f"{graph.name}({params})", "", "Inputs (checked on every call):"]
+    for inp in graph.inputs:
+        shape = ", ".join(str(s) for s in inp.shape)
+        layout = "" if inp.memory_format == "contiguous" else f", {inp.memory_format}"
+        lines.append(f"  {inp.name}: {inp.dtype}[{shape}]{layout}")
+    if graph.dims:
+        lines.append("Dynamic dims:")
+        lines += [f"  {name}: {d.min}..{d.max}" + (f", specialized for {', '.join(map(str, d.specialize))}" if d.specialize else "")
+                  for name, d in graph.dims.items()]
+    listed = [v for v in made if not v.automatic]
+    if listed:
+        captured = " (replayed from CUDA graphs)" if cuda_graphs and variants.fully_static(graph, dict(listed[0].sizes)) else ""
+        lines.append(f"Specialized variants{captured}, each compiled for its sizes; other sizes run the dynamic code:")
+        lines.append("  " + "; ".join(_label(v) for v in listed))
+    for v in made:
+        if v.automatic:
+            captured = " (replayed from a CUDA graph)" if cuda_graphs and variants.fully_static(graph, dict(v.sizes)) else ""
+            lines.append(f"{_label(v)} runs code compiled for it{captured}: {v.automatic}.")
+    if cuda_graphs:
+        lines.append("Replayed from a CUDA graph, captured on the first call." if not graph.dims else
+                     "Other sizes run the dynamic code, not captured (CUDA graphs replay static shapes).")
+    if cpu:
+        lines.append("Threads: CPU kernels run on as many threads as torch.get_num_threads() gives in the calling thread at the "
+                     "call (torch.set_num_threads); one thread runs them without an OpenMP team.")
+    if instances and cuda_graphs and not graph.dims:
+        instances = 1
+    if state:
+        names = ", ".join(name.removeprefix(weights.WEIGHT_PREFIX) for name in state)
+        lines.append(f"State: each call updates {names} in place, as the model does, and sees the updates of every call before "
+                     "it, also those of the package's other graphs that use the same state; these calls run one at a time "
+                     "(the GIL is released). state() reads it, reset_state() restores its initial values, load_weights() "
+                     "leaves it as it is.")
+    elif instances:
+        lines.append(f"Calls from {instances} Python threads run at once, each on its own model instance (the GIL is "
+                     "released); further calls wait for an instance.")
+    notes = _type_notes(out_nodes)
+    if len(notes) == 1 and out_nodes[0].kind == OBJECT:
+        lines.append(f"Returns: {_structure_text(out_nodes)}: {notes[0][1]}")
+    else:
+        lines.append(f"Returns: {_structure_text(out_nodes)}")
+        lines += [f"  {name}: {note}" for name, note in notes]
+    return "\n".join(lines)
+
+
+def _structure_text(nodes: tuple[OutNode, ...]) -> str:
+    pos = 0
+
+    def visit(parent_kind: int) -> str:
+        nonlocal pos
+        node = nodes[pos]
+        pos += 1
+        children = [visit(node.kind) for _ in range(node.arity)]
+        kind = node.kind
+        joined = ", ".join(children)
+        if node.type:
+            text = f"{node.type.name}({joined})"
+        else:
+            text = ["Tensor", f"({joined}{',' if len(children) == 1 else ''})", f"[{joined}]", "{" + joined + "}", "None"][kind]
+        if node.key is None:
+            return text
+        return f"{node.key}: {text}" if parent_kind == OBJECT else f"{node.key!r}: {text}"
+
+    return visit(-1)
+
+
+def _type_notes(nodes: tuple[OutNode, ...]) -> list[tuple[str, str]]:
+    """(name, what the callable returns for it) for each type of the output's OBJECT nodes."""
+    notes: dict[tuple[str, str], str] = {}
+    for t in _types(nodes):
+        full = f"{t.module}.{t.qualname}"
+        fallback = {"namedtuple": f"a namedtuple {t.name} of the same fields", "dict": "a dict in field order", "tuple": "a tuple"}[t.fallback]
+        notes.setdefault((t.name, full), f"a {full} when that is importable, else {fallback}" if t.construct else f"{fallback} ({full} {t.reason})")
+    return [(name, note) for (name, _), note in notes.items()]
+
+
+def _types(nodes: tuple[OutNode, ...]) -> list[OutType]:
+    return [n.type for n in nodes if n.type]
+
+
+def _out_node_table(nodes: tuple[OutNode, ...]) -> list[dict[str, Any]]:
+    """The binding's kOutNodes: each OBJECT node with its index in kOutObjects."""
+    objects = iter(range(len(nodes)))
+    return [{"kind": n.kind, "arity": n.arity, "key": n.key, "int_key": int(isinstance(n.key, int)),
+             "object": next(objects) if n.type else -1} for n in nodes]
+
+
+def _out_object_table(nodes: tuple[OutNode, ...]) -> list[dict[str, Any]]:
+    """The binding's kOutObjects: the OBJECT nodes' types in preorder (binding.cpp.j2's Construct, Fallback)."""
+    construct = {None: 0, "positional": 1, "keyword": 2, "sequence": 3, "unflatten": 4}
+    fallback = {"namedtuple": 0, "dict": 1, "tuple": 2}
+    return [{"module": t.module, "qualname": t.qualname, "name": t.name, "fields": list(t.fields or ()), "dropped": list(t.dropped),
+             "construct_id": construct[t.construct], "fallback_id": fallback[t.fallback],
+             "unflatten": t.unflatten.split(":") if t.unflatten else ["", ""], "context": t.context} for t in _types(nodes)]
+
+
+def _remove_stale(out: Path, keep: set[Path]) -> None:
+    src = out / "src"
+    if not src.is_dir():
+        return
+    for path in sorted(src.rglob("*"), reverse=True):
+        if path.is_file() and path not in keep:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
+def target_id(target: Target) -> str:
+    """Build identifier for CI matrices: cpu-native, cpu-avx2, cuda-sm_90."""
+    return f"cpu-{target.isa}" if target.device == "cpu" else "cuda-" + "-".join(target.archs)
+

@@ -1,0 +1,91 @@
+"""The toolchain proved: a tiny probe extension built with the same Meson setup as a real project
+and imported in a fresh interpreter, so that a compiler whose output crashes when loaded (as GCC
+builds against another libstdc++ do, inside AOTInductor's std::regex) is caught and the next
+candidate compiler tried. Verdicts are cached per toolchain key, under a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from shimgen import toolchain
+from shimgen.build.meson import BuildFailure, build, target_file
+from shimgen.build.process import run
+from shimgen.errors import UserError
+from shimgen.files import exclusive, shimgen_fingerprint, stage_key, write_if_changed
+from shimgen.project import render
+from shimgen.toolchain import Toolchain
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the probe found for one candidate compiler."""
+
+    cxx: str
+    identity: str
+    ok: bool
+    reason: str = ""
+    runtime_lib: str = ""  # when ok: shimgen's runtime library, built and loaded by the probe, that every package links
+
+
+def select(waiting: Callable[[str], None] | None = None) -> tuple[Toolchain, list[Verdict]]:
+    """The first candidate compiler whose probe builds and loads; UserError naming each failure if none."""
+    verdicts = []
+    for cxx in toolchain.candidate_compilers():
+        tc = toolchain.detect(cxx)
+        verdict = prove(tc, toolchain.cache_dir(), waiting=waiting)
+        verdicts.append(verdict)
+        if verdict.ok:
+            return tc, verdicts
+    lines = "\n".join(f"  {v.cxx} ({v.identity}): {v.reason}" for v in verdicts)
+    raise UserError(f"the toolchain probe (a torch extension built and loaded like a generated package's) failed with every C++ compiler here:\n"
+                    f"{lines}\nFix: install a compiler that matches this Python's libstdc++ (the system g++), or set CXX to one; "
+                    "`shimgen doctor --refresh` proves them again.")
+
+
+def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[str], None] | None = None) -> Verdict:
+    """Build and load the probe extension once per toolchain key. A verdict is cached only when
+    it would come out the same again: never from a probe that was killed or raced another."""
+    key = probe_key(tc)
+    probe_dir = cache / key
+    stamp = probe_dir / "verdict.json"
+    with exclusive(cache / f"{key}.lock", waiting):
+        if stamp.is_file() and not refresh:
+            cached = Verdict(**json.loads(stamp.read_text()))
+            if not cached.ok or Path(cached.runtime_lib).is_file():
+                return cached
+        shutil.rmtree(probe_dir, ignore_errors=True)
+        source, build_dir = probe_dir / "src", probe_dir / "build"
+        render.render_probe(tc, source)
+        verdict, lasting = _build_and_load(tc, source, build_dir)
+        if lasting:
+            write_if_changed(stamp, json.dumps(asdict(verdict)))
+    return verdict
+
+
+def probe_key(tc: Toolchain) -> str:
+    """The toolchain's key and shimgen's fingerprint: a new shimgen proves its toolchain again."""
+    return stage_key(tc.key, shimgen_fingerprint())[:16]
+
+
+def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdict, bool]:
+    """The verdict, and whether it lasts (the same toolchain would get it again)."""
+    try:
+        build(source, build_dir, tc, "the toolchain probe")
+    except BuildFailure as failure:
+        lasting = not failure.completed.interrupted and "already using this build directory" not in failure.completed.output
+        return Verdict(tc.cxx, tc.cxx_identity, False, f"{failure.step} failed: {_one_line(failure.detail)}"), lasting
+    loaded = run([tc.python, str(source / "check_probe.py"), str(build_dir)], env=tc.env())
+    if loaded.ok:
+        return Verdict(tc.cxx, tc.cxx_identity, True, "builds and loads the probe", str(target_file(build_dir, "shimgen_runtime"))), True
+    if loaded.signal:
+        return Verdict(tc.cxx, tc.cxx_identity, False, f"extensions it builds crash when loaded (signal {loaded.signal})"), not loaded.interrupted
+    return Verdict(tc.cxx, tc.cxx_identity, False, f"the probe extension does not load: {loaded.tail(1)}"), True
+
+
+def _one_line(detail: str) -> str:
+    return " | ".join(line.strip() for line in detail.strip().splitlines()[:3])

@@ -1,0 +1,209 @@
+"""Dynamic dims at trace time: export so that each declared [min, max] holds as a whole, and say in
+the spec's own terms what to change when a model cannot take some of those sizes.
+
+torch.export specializes sizes 0 and 1 and then rejects ranges that touch them (a slice `b[:, 1:]`
+of a dim that starts at 2 yields a size that could be 1). Backed size-oblivious tracing treats such
+sizes like any other, so the declared range holds; what a model truly needs (a maximum, a multiple)
+still comes back from torch as a guard, which is translated here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from shimgen.errors import SpecError
+from shimgen.inductor.weights import WEIGHT_PREFIX
+from shimgen.spec import Graph
+from shimgen.trace.entry import call_model, make_inputs
+
+_SIZE = re.compile(r"(?:L\['tensors'\]\[|\btensors_)(\d+)\]?\.size\(\)\[(\d+)\]")
+_BOUND = re.compile(r"^\(?(\w+)\.shape\[(\d+)\]\)? (!=|>=|<=|>|<) (\d+)$")
+_VIOLATION = re.compile(r"Not all values of (\w+) = .*? satisfy the generated guard (.*?)\.?$", re.M)
+_DIM_FIX = re.compile(r"^\s*(\w+) = Dim\('\w+'((?:, (?:min|max)=\d+)*)\)\s*$", re.M)
+_MULTIPLE_FIX = re.compile(r"^\s*(\w+) = (\d+)\*(\w+)\s*$", re.M)
+_GUARD_FAILED = re.compile(r"Guard failed: (.*?)\.?$", re.M)
+_EQUAL_FIX = re.compile(r"^\s*(\w+) = (\w+)\s*$", re.M)
+
+
+def export_dims(graph: Graph) -> dict[str, Any]:
+    """torch.export Dims for the spec's dims; a dim with `multiple_of = k` is k times a Dim of its own."""
+    import torch
+
+    dims: dict[str, Any] = {}
+    for name, d in graph.dims.items():
+        if d.multiple_of == 1:
+            dims[name] = torch.export.Dim(name, min=d.min, max=d.max)
+        else:
+            base = torch.export.Dim(f"{name}_over_{d.multiple_of}", min=d.min // d.multiple_of, max=d.max // d.multiple_of)
+            dims[name] = d.multiple_of * base
+    return dims
+
+
+def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
+    """torch.export.export with the spec's dynamic dims, each range held whole (backed size-oblivious)."""
+    import torch
+    import torch.fx.experimental._config as fx_config
+
+    dims = export_dims(graph)
+    dynamic = tuple({k: dims[s] for k, s in enumerate(inp.shape) if isinstance(s, str)} for inp in graph.inputs)
+    try:
+        with fx_config.patch(backed_size_oblivious=True):
+            return torch.export.export(module, tuple(inputs), dynamic_shapes=(dynamic,))
+    except Exception as exc:
+        raise _spec_error(exc, graph, where) from None
+
+
+def _spec_error(exc: Exception, graph: Graph, where: str) -> SpecError:
+    text = str(exc)
+    violations = _VIOLATION.findall(text)
+    name = re.sub(r"_over_\d+$", "", violations[0][0]) if violations else ""
+    if name not in graph.dims:
+        return SpecError("", where, f"torch.export failed: {_first_lines(exc, graph)}")
+    guard = _readable(violations[0][1], graph)
+    return range_error(graph, where, name, guard, _suggested_fix(text, name, graph) or _bound_fix(guard, graph))
+
+
+class RangeError(SpecError):
+    """A dim whose declared range the model cannot take as a whole: the condition it needs, and the smallest size of the
+    range that meets it where only the sizes below it fail (the build makes those sizes variants of their own)."""
+
+    def __init__(self, file: str, where: str, message: str, dim: str = "", condition: str = "", raised_min: int | None = None) -> None:
+        super().__init__(file, where, message)
+        self.dim, self.condition, self.raised_min = dim, condition, raised_min
+
+    def __reduce__(self) -> tuple[type[RangeError], tuple[str, str, str, str, str, int | None]]:  # type: ignore[override]
+        return RangeError, (self.file, self.where, self.message, self.dim, self.condition, self.raised_min)
+
+
+_RANGE_FIX = re.compile(r"^dims\.(\w+) = \{ min = (\d+), max = (\d+)(?:, multiple_of = (\d+))? \}$")
+
+
+def range_error(graph: Graph, where: str, name: str, condition: str, fix: str) -> RangeError:
+    """The spec error for a dim whose declared range the model cannot take as a whole."""
+    dim = graph.dims[name]
+    need = f"; write {fix}" if fix else "; narrow the range, or change the model so that it takes every size in it"
+    found = _RANGE_FIX.match(fix)
+    raised = (found and found[1] == name and int(found[3]) == dim.max and int(found[4] or 1) == dim.multiple_of
+              and int(found[2]) > dim.min)
+    return RangeError("", f"{where}.dims.{name}",
+                      f"the model cannot take every size of '{name}' in [{dim.min}, {dim.max}]: it needs {condition}{need}",
+                      name, condition, int(found[2]) if raised and found else None)
+
+
+def _bound_fix(condition: str, graph: Graph) -> str:
+    """For a plain bound such as `x.shape[0] != 1`: the spec line of the range that satisfies it."""
+    match = _BOUND.match(condition)
+    if not match:
+        return ""
+    name = _dim_at(graph, match[1], int(match[2]))
+    if name is None:
+        return ""
+    dim, op, value = graph.dims[name], match[3], int(match[4])
+    low, high = dim.min, dim.max
+    if op == "!=" and value == low:
+        low += 1
+    elif op == "!=" and value == high:
+        high -= 1
+    elif op in (">", ">="):
+        low = max(low, value + (op == ">"))
+    elif op in ("<", "<="):
+        high = min(high, value - (op == "<"))
+    else:
+        return ""
+    step = dim.multiple_of
+    low, high = -(-low // step) * step, high // step * step
+    if low > high:
+        return ""
+    extra = f", multiple_of = {step}" if step > 1 else ""
+    return f"dims.{name} = {{ min = {low}, max = {high}{extra} }}"
+
+
+def _dim_at(graph: Graph, input_name: str, axis: int) -> str | None:
+    for inp in graph.inputs:
+        if inp.name == input_name and axis < len(inp.shape) and isinstance(inp.shape[axis], str):
+            return str(inp.shape[axis])
+    return None
+
+
+def _suggested_fix(text: str, name: str, graph: Graph) -> str:
+    """torch's 'Suggested fixes' for `name`, as the spec line that says the same."""
+    fixes = text.partition("Suggested fixes:")[2]
+    dim = graph.dims[name]
+    bounds = {m[0]: dict(kv.split("=") for kv in m[1].strip(", ").split(", ") if kv) for m in _DIM_FIX.findall(fixes)}
+    for target, factor, base in _MULTIPLE_FIX.findall(fixes):
+        if target == name:
+            k = int(factor) * dim.multiple_of
+            low, high = bounds.get(base, {}).get("min"), bounds.get(base, {}).get("max")
+            new_min = int(low) * int(factor) if low else -(-dim.min // k) * k
+            new_max = int(high) * int(factor) if high else dim.max // k * k
+            return f"dims.{name} = {{ min = {max(new_min, k)}, max = {new_max}, multiple_of = {k} }}"
+    if name in bounds:
+        new_min = int(bounds[name].get("min", dim.min))
+        new_max = int(bounds[name].get("max", dim.max))
+        extra = f", multiple_of = {dim.multiple_of}" if dim.multiple_of > 1 else ""
+        return f"dims.{name} = {{ min = {new_min}, max = {new_max}{extra} }}"
+    for target, other in _EQUAL_FIX.findall(fixes):
+        if target == name and other in graph.dims:
+            return f"one dim for both: '{name}' and '{other}' must always be equal"
+    return ""
+
+
+def _readable(guard: str, graph: Graph) -> str:
+    """Torch's `L['tensors'][0].size()[1]` as `x.shape[1]`, the spec's input name."""
+    return _SIZE.sub(lambda m: f"{graph.inputs[int(m[1])].name}.shape[{m[2]}]", guard.strip())
+
+
+def _first_lines(exc: Exception, graph: Graph) -> str:
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    useful = [_readable(line, graph) for line in lines if not line.startswith(("For more information", "The error above occurred"))]
+    text = "\n  ".join(useful[:8])
+    return f"{type(exc).__name__}: {text}" + ("\n  ..." if len(useful) > 8 else "")
+
+
+def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: str, model_initial: Any, program_initial: Any,
+                   mutated: tuple[str, ...]) -> None:
+    """Run the exported program with every dim at its min and compare with eager, both from their initial state
+    (`*_initial`: trace.Saved), outputs and the `mutated` state alike.
+
+    Sizes 0 and 1 are where tracing has to assume the most (broadcasting, squeezes); a model that
+    computes something else there must fail the build, not answer wrongly at run time."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    if not graph.dims:
+        return
+    sizes = {name: d.min for name, d in graph.dims.items()}
+    inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed)]
+    label = ", ".join(f"{name}={size}" for name, size in sizes.items())
+    with torch.no_grad():
+        model_initial.restore()
+        want = [leaf for leaf in pytree.tree_leaves(call_model(model, graph, inputs)) if isinstance(leaf, torch.Tensor)]
+        program_initial.restore()
+        try:
+            got = pytree.tree_leaves(program.module()(*inputs))
+        except Exception as exc:
+            guard = _GUARD_FAILED.search(str(exc))
+            condition = _readable(guard[1], graph) if guard else ""
+            bound = _BOUND.match(condition)
+            name = _dim_at(graph, bound[1], int(bound[2])) if bound else None
+            if name is not None:
+                raise range_error(graph, where, name, condition, _bound_fix(condition, graph)) from None
+            raise SpecError("", f"{where}.dims", f"the traced model fails at the smallest sizes ({label}): "
+                            f"{_first_lines(exc, graph)}; raise the dims' min") from None
+    if len(want) != len(got):
+        raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the traced model returns {len(got)} tensors, "
+                        f"eager {len(want)}; raise the dims' min")
+    for k, (w, g) in enumerate(zip(want, got, strict=True)):
+        if w.shape != g.shape or not torch.allclose(g.double(), w.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True):
+            raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the traced model's output {k} differs from "
+                            "eager: the model behaves differently there than at the example sizes; raise the dims' min")
+    eager_state = model_initial.tensors
+    for name in mutated:
+        fqn = name.removeprefix(WEIGHT_PREFIX)
+        have, expected = program_initial.tensors.get(name), eager_state.get(fqn)
+        if have is None or expected is None:
+            continue
+        if have.shape != expected.shape or not torch.allclose(have.double(), expected.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True):
+            raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the state '{fqn}' the traced model leaves differs from "
+                            "eager's: the model behaves differently there than at the example sizes; raise the dims' min")
