@@ -21,5 +21,5 @@ if [ "$second" != none ]; then
   wait "$second_setup" || { cat "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"; exit 1; }
   tail -1 "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"
   (cd tests && "../.venv-torch$second/bin/python" -m pytest -q -ra --durations=5 "${workers[@]}" \
-    -m "not slow" test_report.py test_matrix.py test_spec_errors.py test_units.py test_schema.py test_escaping.py)
+    -m "not slow" unit integration/test_report.py integration/test_escaping.py)
 fi

@@ -24,7 +24,7 @@ from shimgen.project import escape
 from shimgen.spec import load_spec
 from shimgen.toolchain import supported_torch
 
-SCHEMA = json.loads((Path(__file__).parent / "data" / "github-workflow.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[1] / "data" / "github-workflow.schema.json").read_text())
 RUNNING_PYTHON, RUNNING_TORCH, _ = matrix.running()
 # The matrix of the tests' specs: the brief's versions, plus this environment's so that one CPU job can run here.
 TORCHES = [v for v in dict.fromkeys([RUNNING_TORCH, "2.13.0", "2.14.1"]) if v in supported_torch()]

@@ -367,7 +367,7 @@ def test_llm_decode_on_cuda_with_cuda_graphs_shares_one_cache(workdir: Path) -> 
     spec.write_text(text + f'\n[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n')
     summary = build_json(spec, workdir)
     assert summary["verified"]["cases"], summary["verified"]
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "scripts" / "llm_generate.py"), "--spec", str(spec),
+    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "scripts" / "llm_generate.py"), "--spec", str(spec),
                           "--out", str(workdir), "--tokens", "16", "--device", "cuda"], capture_output=True, text=True)
     print(run.stdout)
     assert run.returncode == 0 and "tokens equal" in run.stdout, run.stdout + run.stderr

@@ -47,7 +47,7 @@ def built_counter(workdir: Path) -> dict[str, Any]:
 def eager_counter() -> Any:
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "projects"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "projects"))
     try:
         from models.stateful import Counter
     finally:
