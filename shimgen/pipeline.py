@@ -56,8 +56,10 @@ from shimgen.trace import export as trace
 Progress = Callable[[str, str], None]
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class BuildOutput:
+    """What a build made and what it spent: `shimgen build --json` prints its summary()."""
+
     name: str
     target: str
     wheel: Path
@@ -98,7 +100,7 @@ class BuildOutput:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     spec_path: Path
     root: Path
@@ -106,7 +108,7 @@ class Layout:
 
     @classmethod
     def of(cls, spec_path: Path, out: Path, name: str) -> Layout:
-        return cls(spec_path, out / "build" / name, out / "dist")
+        return cls(spec_path=spec_path, root=out / "build" / name, dist=out / "dist")
 
     @property
     def spec_dir(self) -> Path:
@@ -139,7 +141,7 @@ class Layout:
         return lockfile.path_for(self.spec_path)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tools:
     """The proved toolchain with the runtime library its probe built, the CUDA half where a target
     needs it, and the compiler cache."""
@@ -205,7 +207,7 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
             shared = SharedCache(shared_cache.backend(url)) if url else None
             if shared:
                 os.environ.setdefault("CCACHE_REMOTE_STORAGE", shared_cache.ccache_remote(shared.backend))
-            return _build(spec, layout, force, use_cache, report, Tuning(lockfile.read(layout.lock_path), retune, all_units), shared, verify)
+            return _build(spec, layout, force, use_cache, report, Tuning(locked=lockfile.read(layout.lock_path), retune=retune, all_units=all_units), shared, verify)
     except SpecError as exc:
         exc.file = exc.file or str(spec_path)
         raise
@@ -215,7 +217,7 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
         raise
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tuning:
     """The lockfile's timing records as the build found them, whether to measure again, and the spec's units (the
     lockfile keeps theirs, also those of targets that `--only` leaves out)."""
@@ -244,7 +246,7 @@ class LazyTools:
         return self._tools
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Job:
     """One build's fixed inputs and where it records what it did."""
 
@@ -271,7 +273,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         with timeline.stage("ops"):
             ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", built.tc, built.cuda,
                                      built.launcher, lambda msg: report("ops", msg))
-    job = Job(spec, layout, tc, tools, State(layout.state_file, fresh=force), timeline, ops, tuning, shared, verify)
+    job = Job(spec=spec, layout=layout, tc=tc, tools=tools, state=State(layout.state_file, fresh=force), timeline=timeline, ops=ops, tuning=tuning, shared=shared, verify=verify)
     units = _generate_all(job)
     job.state.forget_all_but("unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")})
     version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
@@ -293,17 +295,28 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         packaged = _package(job, project, compiled, units)
         if shared:
             shared.put("wheel", wheel_key, shared_cache.pack(packaged.wheel.parent, [packaged.wheel], packaged.wheel.name.encode()))
-            job.state.commit("wheel", Stamp(wheel_key))
+            job.state.commit("wheel", Stamp(key=wheel_key))
     _update_lockfile(job, units)
-    launcher = tools.probed.launcher if tools.probed else None
-    return BuildOutput(spec.project.name, "+".join(render.target_id(t) for t in spec.target), packaged.wheel, packaged.site,
-                       [g.name for g in spec.graph], timeline.seconds, (compiled.units_done, compiled.units_total) if compiled else (0, 0),
-                       sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5] if compiled else [], timeline.skipped, launcher,
-                       {name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
-                       [matrix.BuildId(tc.python_version, tc.torch_version, _torch_cuda(spec) if t.device == "cuda" else None,
-                                       t).identifier for t in spec.target], _shared_summary(shared), timeline.events,
-                       time.time() - timeline.started, _models(spec.project.name, units, timeline, compiled, packaged.site),
-                       {"cases": list(packaged.verified), "skipped": list(packaged.verify_skipped), "seconds": packaged.verify_seconds})
+    return BuildOutput(
+        name=spec.project.name,
+        target="+".join(render.target_id(t) for t in spec.target),
+        wheel=packaged.wheel,
+        package_dir=packaged.site,
+        graphs=[g.name for g in spec.graph],
+        stages=timeline.seconds,
+        compile_units=(compiled.units_done, compiled.units_total) if compiled else (0, 0),
+        slowest_units=sorted(compiled.unit_seconds.items(), key=lambda kv: -kv[1])[:5] if compiled else [],
+        skipped=timeline.skipped,
+        compiler_cache=tools.probed.launcher if tools.probed else None,
+        kernel_choices={name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
+        identifiers=[matrix.BuildId(python=tc.python_version, torch=tc.torch_version, cuda=_torch_cuda(spec) if t.device == "cuda" else None,
+                                    target=t).identifier for t in spec.target],
+        shared_cache=_shared_summary(shared),
+        timeline=timeline.events,
+        elapsed=time.time() - timeline.started,
+        models=_models(spec.project.name, units, timeline, compiled, packaged.site),
+        verified={"cases": list(packaged.verified), "skipped": list(packaged.verify_skipped), "seconds": packaged.verify_seconds},
+    )
 
 
 def _models(package: str, units: list[Unit], timeline: Timeline, compiled: CompileResult | None, site: Path) -> list[dict[str, Any]]:
@@ -352,8 +365,8 @@ def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
     for failed in verdicts[:-1]:
         report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
     cuda = _cuda_toolchain(spec)
-    return Tools(tc, Path(verdicts[-1].runtime_lib), cuda, torch_cuda_version() if cuda else None,
-                 toolchain.compiler_cache() if use_cache else None)
+    return Tools(tc=tc, runtime_lib=Path(verdicts[-1].runtime_lib), cuda=cuda, torch_cuda=torch_cuda_version() if cuda else None,
+                 launcher=toolchain.compiler_cache() if use_cache else None)
 
 
 def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
@@ -378,7 +391,7 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
     if job.state.get(Stamp, "meson", tools.key) is None:
         shutil.rmtree(job.layout.meson, ignore_errors=True)
         job.state.forget("package")
-        job.state.commit("meson", Stamp(tools.key))
+        job.state.commit("meson", Stamp(key=tools.key))
 
 
 def _generate_all(job: Job) -> list[Unit]:
@@ -408,8 +421,8 @@ def _generate_all(job: Job) -> list[Unit]:
                 traced[name] = found
                 continue
             _require_gpu(spec, target, job)
-            to_trace.append((name, workers.TraceTask(graph, f"graph[{i}]", layout.spec_dir, target.device, layout.root / "trace" / f"{name}.pt2",
-                                                     key)))
+            to_trace.append((name, workers.TraceTask(graph=graph, where=f"graph[{i}]", spec_dir=layout.spec_dir, device=target.device, program_file=layout.root / "trace" / f"{name}.pt2",
+                                                     key=key)))
         _run(job, "trace", to_trace, workers.run_trace, record_trace)
         pending = variants.left_out(works, traced)
         works += pending
@@ -423,8 +436,8 @@ def _generate_all(job: Job) -> list[Unit]:
             code[name] = generated
             continue
         _require_gpu(spec, target, job)
-        to_generate.append((name, workers.CodegenTask(traced[name], target, spec.flags, job.tools().tc.cxx, layout.root / "codegen" / name,
-                                                      key, locked, job.tuning.retune, f"graph[{i}]")))
+        to_generate.append((name, workers.CodegenTask(traced=traced[name], target=target, flags=spec.flags, cxx=job.tools().tc.cxx, out_dir=layout.root / "codegen" / name,
+                                                      key=key, locked=locked, retune=job.tuning.retune, where=f"graph[{i}]")))
 
     def record_codegen(name: str, generated: CodegenResult, start: float, end: float) -> None:
         job.timeline.record("codegen", name, start, end)
@@ -444,7 +457,7 @@ def _generate_all(job: Job) -> list[Unit]:
         for g in spec.graph:
             made = [(name, sizes) for name, _, graph, target, sizes in works if graph is g and target is t and sizes]
             made.sort(key=lambda work: -len(work[1]))  # the most specific first: a call runs the first whose sizes match
-            units.append(Unit(g, t, code[unit_name(g, t)], tuple(Variant(tuple(sizes.items()), code[name], variants.reason(g, t, sizes, traced))
+            units.append(Unit(graph=g, target=t, code=code[unit_name(g, t)], variants=tuple(Variant(sizes=tuple(sizes.items()), code=code[name], automatic=variants.reason(g, t, sizes, traced))
                                                                  for name, sizes in made)))
     return units
 
@@ -549,7 +562,7 @@ def _shared_wheel(job: Job, key: str, units: list[Unit]) -> PackageResult | None
             packaged = package.install(Path(tmp) / name, layout.dist, layout.site, job.spec.project.name, job.tc, key, _module_dirs(job),
                                        _verify_plan(job, units))
     job.state.commit("package", packaged)
-    job.state.commit("wheel", Stamp(key))
+    job.state.commit("wheel", Stamp(key=key))
     return packaged
 
 
@@ -599,9 +612,9 @@ def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:
             traced = job.state.get(TraceResult, f"unit:trace:{name}")
             assert traced is not None, name
             programs.append((sizes, traced.program))
-        graphs.append(verify.GraphModels(u.graph, f"graph[{job.spec.graph.index(u.graph)}]", u.target.device, tuple(programs),
-                                         u.code.state))
-    return verify.Plan(job.spec.project.name, tuple(graphs), tuple(op.module for op in job.spec.custom_op if op.module))
+        graphs.append(verify.GraphModels(graph=u.graph, where=f"graph[{job.spec.graph.index(u.graph)}]", device=u.target.device, programs=tuple(programs),
+                                         state=u.code.state))
+    return verify.Plan(package=job.spec.project.name, graphs=tuple(graphs), op_modules=tuple(op.module for op in job.spec.custom_op if op.module))
 
 
 def _module_dirs(job: Job) -> tuple[Path, ...]:

@@ -21,7 +21,7 @@ POSITIONAL, KEYWORD, SEQUENCE, UNFLATTEN = "positional", "keyword", "sequence", 
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutType:
     """An output node of any other pytree type (namedtuple, dataclass, transformers ModelOutput...)
     and how the binding rebuilds it: with the type itself when `construct` says how (imported on
@@ -42,7 +42,7 @@ class OutType:
         return self.qualname.rpartition(".")[2]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutNode:
     kind: int
     arity: int = 0
@@ -50,7 +50,7 @@ class OutNode:
     type: OutType | None = None  # OBJECT nodes only
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TraceResult:
     """The exported program of one graph for one device, and its output's structure."""
 
@@ -69,7 +69,7 @@ class TraceResult:
         return (self.program,)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DefinedOp:
     """An op a [[custom_op]] entry registered."""
 
@@ -78,7 +78,7 @@ class DefinedOp:
     module: str | None  # the entry's module, where that defined the op (its body runs in Python); None for its library's
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CustomOps:
     """The spec's custom ops, loaded in this process: what a trace depends on, and what the package ships."""
 
@@ -87,7 +87,7 @@ class CustomOps:
     ops: tuple[DefinedOp, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KernelChoice:
     """One kernel selection Inductor made by timing: the op, its input sizes, the winner and every candidate's time."""
 
@@ -98,7 +98,7 @@ class KernelChoice:
     count: int = 1  # identical selections in the graph
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CodegenResult:
     """Inductor's C++ for one graph on one target, cut into translation units, and how to compile it."""
 
@@ -134,7 +134,7 @@ class CodegenResult:
         return [f"-D{d}" for d in self.defines] + list(self.inductor_args)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Variant:
     """A graph compiled for sizes its spec specializes (dims.<name>.specialize): a library of its own, `_<unit>__<name>.so`,
     that the unit's extension loads and calls for inputs of those sizes."""
@@ -148,7 +148,7 @@ class Variant:
         return variant_name(dict(self.sizes))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Unit:
     """One graph compiled for one target: its codegen dir, its sources dir and extension module `_<name>`, which holds the
     dynamic code and dispatches to the specialized variants."""
@@ -181,7 +181,7 @@ def variant_name(sizes: dict[str, int]) -> str:
     return "_".join(f"{dim}{size}" for dim, size in sizes.items())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Prebuilt:
     """What every project with the same toolchain and flags links: built once per user."""
 
@@ -195,7 +195,7 @@ class Prebuilt:
         return tuple(p for p in (self.interface_lib, self.wrapper_pch, self.kernel_pch) if p)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RenderedProject:
     key: str  # hash of every file of the project
     root: Path
@@ -206,7 +206,7 @@ class RenderedProject:
         return self.sources
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CompileResult:
     key: str  # hash of the project's and the built extensions' content
     extensions: tuple[Path, ...]  # what Meson says it built for installation
@@ -219,7 +219,7 @@ class CompileResult:
         return self.extensions
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PackageResult:
     key: str
     wheel: Path
@@ -271,7 +271,7 @@ def _convert(hint: Any, data: Any) -> Any:
     return data
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Stamp:
     """A key alone: what a unit of work was last done for, when it leaves no files of its own."""
 

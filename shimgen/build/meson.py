@@ -77,7 +77,7 @@ def _ninja(build_dir: Path, tc: Toolchain, what: str, progress: Callable[[str], 
     if not ninja.ok:
         unit, detail = first_error(ninja.output, build_dir)
         raise BuildFailure(what, "compile", ninja, detail, unit)
-    return CompileResult("", built_files(build_dir), done, total, _unit_seconds(build_dir, started))
+    return CompileResult(key="", extensions=built_files(build_dir), units_done=done, units_total=total, unit_seconds=_unit_seconds(build_dir, started))
 
 
 def build_wheel(source: Path, build_dir: Path, out: Path, tc: Toolchain, launcher: str | None) -> Path:

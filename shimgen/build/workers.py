@@ -28,7 +28,7 @@ MEMORY_PER_WORKER = 3 << 30  # a transformer's trace or codegen peaks at 1-3 GiB
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TraceTask:
     graph: Graph
     where: str
@@ -38,7 +38,7 @@ class TraceTask:
     key: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CodegenTask:
     traced: TraceResult
     target: Target

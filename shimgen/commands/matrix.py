@@ -13,7 +13,7 @@ from shimgen.spec import ProjectSpec, Target
 from shimgen.toolchain.cuda import torch_cuda_version
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuildId:
     """One job of the matrix."""
 
@@ -66,7 +66,7 @@ def identifiers(spec: ProjectSpec) -> list[BuildId]:
         for py in spec.matrix.python or [python]:
             for version in spec.matrix.torch or [torch]:
                 for cu in cuda_versions if target.device == "cuda" else [None]:
-                    ids.append(BuildId(py, version, cu, target))
+                    ids.append(BuildId(python=py, torch=version, cuda=cu, target=target))
     return ids
 
 

@@ -89,7 +89,7 @@ def _unrecorded_package(layout: Layout, name: str) -> PackageResult | None:
     if info is None or not (info / "WHEEL").is_file():
         return None
     tag = next((line.split(":", 1)[1].strip() for line in (info / "WHEEL").read_text().splitlines() if line.startswith("Tag:")), None)
-    return PackageResult("", layout.dist / f"{info.name.removesuffix('.dist-info')}-{tag}.whl", layout.site) if tag else None
+    return PackageResult(key="", wheel=layout.dist / f"{info.name.removesuffix('.dist-info')}-{tag}.whl", site=layout.site) if tag else None
 
 
 def _torch_version() -> str | None:

@@ -181,12 +181,12 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
     defines, args = compile_flags(json.loads(files[".wrapper_compile_flags.json"]), target)
     replace_dir(staging, out_dir)
     return CodegenResult(
-        key, out_dir / "interface.cpp", out_dir / "model.cpp", tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
-        out_dir / "weights.o", tuple(out_dir / name for name in ptx_names), tuple(out_dir / "triton" / name for name in triton_names),
-        tuple(defines), tuple(args), traced.out_nodes, traced.num_outputs, kernel_choice.merged(recording.choices),
-        out_dir / "extern_nodes.json" if called else None, custom_ops.run_time_modules(called, ops), recording.timings,
-        out_dir / "constants.json", out_dir / "weights.safetensors" if flags.weights == "file" else None, traced.weights,
-        tuple(weights.unused_weights(constants, program_weights)), traced.state,
+        key=key, interface=out_dir / "interface.cpp", model=out_dir / "model.cpp", kernels=tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
+        weights=out_dir / "weights.o", ptx=tuple(out_dir / name for name in ptx_names), triton=tuple(out_dir / "triton" / name for name in triton_names),
+        defines=tuple(defines), inductor_args=tuple(args), out_nodes=traced.out_nodes, num_outputs=traced.num_outputs, kernel_choices=kernel_choice.merged(recording.choices),
+        extern_nodes=out_dir / "extern_nodes.json" if called else None, run_time_modules=custom_ops.run_time_modules(called, ops), autotune_timings=recording.timings,
+        constants=out_dir / "constants.json", weights_file=out_dir / "weights.safetensors" if flags.weights == "file" else None, weights_digest=traced.weights,
+        unused_weights=tuple(weights.unused_weights(constants, program_weights)), state=traced.state,
     )
 
 

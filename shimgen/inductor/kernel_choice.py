@@ -140,7 +140,7 @@ def _choice(op: str, sizes: list[str], timings: dict[Any, float]) -> KernelChoic
     best = min(timings, key=timings.__getitem__)
     # Template candidates are numbered per selection (cpp_..._3); the number says nothing to a reader.
     us = {label(c).rstrip("0123456789").rstrip("_"): round(t * 1000, 3) for c, t in sorted(timings.items(), key=lambda kv: kv[1])}
-    return KernelChoice(op, tuple(sizes), label(best).rstrip("0123456789").rstrip("_"), us)
+    return KernelChoice(op=op, sizes=tuple(sizes), picked=label(best).rstrip("0123456789").rstrip("_"), us=us)
 
 
 def merged(choices: list[KernelChoice]) -> tuple[KernelChoice, ...]:
@@ -149,5 +149,5 @@ def merged(choices: list[KernelChoice]) -> tuple[KernelChoice, ...]:
     for c in choices:
         key = (c.op, c.sizes, c.picked)
         seen = counts.get(key)
-        counts[key] = c if seen is None else KernelChoice(c.op, c.sizes, c.picked, seen.us, seen.count + 1)
+        counts[key] = c if seen is None else KernelChoice(op=c.op, sizes=c.sizes, picked=c.picked, us=seen.us, count=seen.count + 1)
     return tuple(counts.values())

@@ -30,7 +30,7 @@ INPUT_BYTES_LIMIT = 256 << 20  # a case whose inputs need more is skipped (a dim
 LEAST_ATOL = LEAST_RTOL = 1e-4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GraphModels:
     """One graph on one target: the traced program of its dynamic code and of each variant, by the sizes it fixes."""
 
@@ -41,7 +41,7 @@ class GraphModels:
     state: tuple[str, ...] = ()  # the names of the state it mutates (package.state's keys)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     package: str
     graphs: tuple[GraphModels, ...]

@@ -164,4 +164,4 @@ def install(wheel: Path, dist: Path, site: Path, name: str, tc: Toolchain, key: 
     final = dist / wheel.name
     wheel.replace(final)
     replace_dir(staging, site)
-    return PackageResult(key, final, site, tuple(report.cases), tuple(report.skipped), report.seconds)
+    return PackageResult(key=key, wheel=final, site=site, verified=tuple(report.cases), verify_skipped=tuple(report.skipped), verify_seconds=report.seconds)

@@ -202,7 +202,7 @@ def render_project(
     for path in sorted(files):
         content = files[path]
         digest.update(f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content))
-    return RenderedProject(digest.hexdigest(), out, tuple(sorted(files)))
+    return RenderedProject(key=digest.hexdigest(), root=out, sources=tuple(sorted(files)))
 
 
 def path_maps(tc: Toolchain, source_dirs: tuple[Path, ...] = ()) -> list[str]:

@@ -27,7 +27,7 @@ from shimgen.build.process import run
 from shimgen.errors import UserError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Toolchain:
     python: str
     python_version: str

@@ -16,7 +16,7 @@ from shimgen.errors import SpecError, UserError
 from shimgen.spec import Target
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CudaToolchain:
     nvcc: str
     version: str  # "13.0"
@@ -59,7 +59,7 @@ def detect_cuda() -> CudaToolchain:
     for failed in (r for r in (version_text, codes) if not r.ok):
         raise UserError(f"{nvcc} does not run: {failed.tail(1)}")
     version = re.search(r"release (\d+\.\d+)", version_text.output)
-    return CudaToolchain(nvcc, version.group(1) if version else "unknown", tuple(codes.output.split()))
+    return CudaToolchain(nvcc=nvcc, version=version.group(1) if version else "unknown", codes=tuple(codes.output.split()))
 
 
 def torch_cuda_version() -> str:

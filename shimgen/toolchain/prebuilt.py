@@ -33,8 +33,8 @@ def ensure(tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiti
         if not (root / "done").is_file():
             _build(tc, target.device, compile_args, flags, interface, root)
     built = root / "build"
-    return Prebuilt(key, built / "libaoti_interface.a", _pch(built, "wrapper") if flags.pch else None,
-                    _pch(built, "kernel") if flags.pch else None)
+    return Prebuilt(key=key, interface_lib=built / "libaoti_interface.a", wrapper_pch=_pch(built, "wrapper") if flags.pch else None,
+                    kernel_pch=_pch(built, "kernel") if flags.pch else None)
 
 
 def _build(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, root: Path) -> None:

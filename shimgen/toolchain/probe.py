@@ -21,7 +21,7 @@ from shimgen.project import render
 from shimgen.toolchain import Toolchain
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     """What the probe found for one candidate compiler."""
 
@@ -78,13 +78,13 @@ def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdi
         build(source, build_dir, tc, "the toolchain probe")
     except BuildFailure as failure:
         lasting = not failure.completed.interrupted and "already using this build directory" not in failure.completed.output
-        return Verdict(tc.cxx, tc.cxx_identity, False, f"{failure.step} failed: {_one_line(failure.detail)}"), lasting
+        return Verdict(cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"{failure.step} failed: {_one_line(failure.detail)}"), lasting
     loaded = run([tc.python, str(source / "check_probe.py"), str(build_dir)], env=tc.env())
     if loaded.ok:
-        return Verdict(tc.cxx, tc.cxx_identity, True, "builds and loads the probe", str(target_file(build_dir, "shimgen_runtime"))), True
+        return Verdict(cxx=tc.cxx, identity=tc.cxx_identity, ok=True, reason="builds and loads the probe", runtime_lib=str(target_file(build_dir, "shimgen_runtime"))), True
     if loaded.signal:
-        return Verdict(tc.cxx, tc.cxx_identity, False, f"extensions it builds crash when loaded (signal {loaded.signal})"), not loaded.interrupted
-    return Verdict(tc.cxx, tc.cxx_identity, False, f"the probe extension does not load: {loaded.tail(1)}"), True
+        return Verdict(cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"extensions it builds crash when loaded (signal {loaded.signal})"), not loaded.interrupted
+    return Verdict(cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"the probe extension does not load: {loaded.tail(1)}"), True
 
 
 def _one_line(detail: str) -> str:

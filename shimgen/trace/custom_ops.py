@@ -54,16 +54,16 @@ def prepare(spec: ProjectSpec, spec_dir: Path, spec_file: str, root: Path, tc: T
                 raise SpecError("", f"{where}.sources", "the sources register no op (define them with TORCH_LIBRARY(ns, m) { m.def(...); })")
             for name in sorted(new):
                 meta = any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in ("Meta", "CompositeImplicitAutograd"))
-                defined.append(DefinedOp(name, i, None))
+                defined.append(DefinedOp(name=name, entry=i, module=None))
                 if meta:  # the trace takes its shapes from C++
                     fakes += [(str(p), file_hash(p)) for p in sources[i]]
             before = _schemas()
         if op.module is not None:
             files = _import(op.module, spec_dir, where)
             fakes += [(str(p), file_hash(p)) for p in sorted(files)]
-            defined += [DefinedOp(name, i, op.module) for name in sorted(_schemas() - before)]
+            defined += [DefinedOp(name=name, entry=i, module=op.module) for name in sorted(_schemas() - before)]
     schemas = sorted(str(torch._C._get_schema(*_split(d.name))) for d in defined)
-    return CustomOps(stage_key(schemas, sorted(set(fakes))), tuple(libraries[i] for i in sorted(libraries)), tuple(defined))
+    return CustomOps(key=stage_key(schemas, sorted(set(fakes))), libraries=tuple(libraries[i] for i in sorted(libraries)), ops=tuple(defined))
 
 
 def _source(spec_dir: Path, source: str, where: str) -> Path:

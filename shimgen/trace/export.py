@@ -92,8 +92,8 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
         raise SpecError("", where, f"the traced model returns {program.call_spec.out_spec.num_leaves} tensors, eager {num_outputs}")
     program_file.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(program_file))
-    return TraceResult(key, program_file, tuple(out_nodes), num_outputs, tuple((str(p), file_hash(p)) for p in sorted(reads)),
-                       structure_key(program), weights_key(program), mutated_state(program), tuple(narrowed))
+    return TraceResult(key=key, program=program_file, out_nodes=tuple(out_nodes), num_outputs=num_outputs, reads=tuple((str(p), file_hash(p)) for p in sorted(reads)),
+                       structure=structure_key(program), weights=weights_key(program), state=mutated_state(program), narrowed=tuple(narrowed))
 
 
 def _export_narrowing(adapter: Any, model: Any, inputs: list[Any], graph: Graph, where: str, device: str,
@@ -280,10 +280,10 @@ def _out_nodes(output: Any, spec_dir: Path, where: str) -> list[OutNode]:
 
     def visit(value: Any, key: str | int | None, path: str) -> None:
         if isinstance(value, torch.Tensor):
-            nodes.append(OutNode(TENSOR, 0, key))
+            nodes.append(OutNode(kind=TENSOR, arity=0, key=key))
             return
         if value is None:
-            nodes.append(OutNode(NONE, 0, key))
+            nodes.append(OutNode(kind=NONE, arity=0, key=key))
             return
         kind = _CONTAINERS.get(type(value), OBJECT)
         parts = node_parts(value)
@@ -298,7 +298,7 @@ def _out_nodes(output: Any, spec_dir: Path, where: str) -> list[OutNode]:
         else:
             keys = list(names) if kind == OBJECT and names else [None] * len(children)
         out_type = describe_type(value, children, names, spec_dir) if kind == OBJECT else None
-        nodes.append(OutNode(kind, len(children), key, out_type))
+        nodes.append(OutNode(kind=kind, arity=len(children), key=key, type=out_type))
         for k, (child, child_key) in enumerate(zip(children, keys, strict=True)):
             visit(child, child_key, path + _step(kind, k, child_key))
 
@@ -356,8 +356,8 @@ def describe_type(value: Any, children: list[Any], names: list[str] | None, spec
     """How the binding rebuilds `value`'s node: the constructor call that gives back an equal node
     from its children, verified here on the eager output itself, and the fallback."""
     cls = type(value)
-    out = OutType(cls.__module__, cls.__qualname__, tuple(names) if names is not None else None, tuple(_dropped_fields(value, names)),
-                  None, _fallback(value, names))
+    out = OutType(module=cls.__module__, qualname=cls.__qualname__, fields=tuple(names) if names is not None else None, dropped=tuple(_dropped_fields(value, names)),
+                  construct=None, fallback=_fallback(value, names))
     reason = _not_importable(cls, spec_dir)
     if reason:
         return dataclasses.replace(out, reason=reason)

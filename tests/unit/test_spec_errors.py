@@ -372,7 +372,7 @@ def test_cuda_build_without_gpu(tmp_path: Path, workdir: Path, capsys: pytest.Ca
     """A CUDA build of torch and nvcc, but no GPU (a CPU-only CI runner, say): stands in for both."""
     import shimgen.pipeline
 
-    monkeypatch.setattr(shimgen.pipeline, "detect_cuda", lambda: CudaToolchain("/usr/bin/nvcc", "13.0", ("sm_90",)))
+    monkeypatch.setattr(shimgen.pipeline, "detect_cuda", lambda: CudaToolchain(nvcc="/usr/bin/nvcc", version="13.0", codes=("sm_90",)))
     monkeypatch.setattr(shimgen.pipeline, "torch_cuda_version", lambda: "13.0")
     message = _build_error(workdir, tmp_path, capsys, PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n')
     assert message == ("target[0]: building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); "

@@ -418,13 +418,13 @@ def test_target_id(target: Target, expected: str) -> None:
 
 
 def node(kind: int, arity: int = 0, key: str | int | None = None, out_type: OutType | None = None) -> OutNode:
-    return OutNode(kind, arity, key, out_type)
+    return OutNode(kind=kind, arity=arity, key=key, type=out_type)
 
 
 PROJECT_TYPE = "is defined in the project, which the package does not import"
-PAIR = OutType("models.outputs", "Pair", ("scaled", "shifted"), (), None, "namedtuple", PROJECT_TYPE)
-STATS = OutType("models.outputs", "Stats", ("mean", "spread"), ("mask",), None, "dict", PROJECT_TYPE)
-TOPK = OutType("torch.return_types", "topk", ("values", "indices"), (), "sequence", "namedtuple")
+PAIR = OutType(module="models.outputs", qualname="Pair", fields=("scaled", "shifted"), dropped=(), construct=None, fallback="namedtuple", reason=PROJECT_TYPE)
+STATS = OutType(module="models.outputs", qualname="Stats", fields=("mean", "spread"), dropped=("mask",), construct=None, fallback="dict", reason=PROJECT_TYPE)
+TOPK = OutType(module="torch.return_types", qualname="topk", fields=("values", "indices"), dropped=(), construct="sequence", fallback="namedtuple")
 
 
 def test_docstring_of_a_graph_with_keyword_layout_and_dims() -> None:
