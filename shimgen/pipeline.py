@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from shimgen import toolchain
 from shimgen.build import meson, workers
@@ -54,6 +54,7 @@ from shimgen.trace import custom_ops, variants
 from shimgen.trace import export as trace
 
 Progress = Callable[[str, str], None]
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -416,7 +417,8 @@ def _generate_all(job: Job) -> list[Unit]:
         for name, i, graph, target, sizes in pending:
             graph = variants.traced_graph(graph, sizes)
             key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
-            found = _known_trace(job, name, key)
+            found = _cached(job, f"unit:trace:{name}", TraceResult, key, valid=lambda traced: trace.still_valid(traced, key),
+                            shared=lambda shared: _shared_trace(job, shared, key))
             if found is not None:
                 traced[name] = found
                 continue
@@ -471,30 +473,27 @@ def _run(job: Job, stage: str, tasks: list[tuple[str, Any]], work: Callable[...,
     workers.run_all(tasks, work, processes, job.ops, done)
 
 
-def _known_trace(job: Job, name: str, key: str) -> TraceResult | None:
-    """The unit's trace as the last build (or the shared cache) left it, where still valid."""
-    traced = job.state.get(TraceResult, f"unit:trace:{name}")
-    if traced is not None and trace.still_valid(traced, key):
-        job.timeline.skipped.append(f"trace:{name}")
-        return traced
-    traced = _shared_trace(job, key)
-    if traced is not None:
-        job.timeline.skipped.append(f"trace:{name} (shared cache)")
-        job.state.commit(f"unit:trace:{name}", traced)
-    return traced
+def _cached(job: Job, record: str, cls: type[R], key: str, *, valid: Callable[[R], bool] | None = None,
+            shared: Callable[[SharedCache], R | None] | None = None) -> R | None:
+    """A stage's result without running it: as the last build recorded it under `key` (with `valid`, any record it accepts),
+    else as the shared cache holds it (then recorded here). None: the stage runs, and its caller commits what it made."""
+    found = job.state.get(cls, record, None if valid else key)
+    if found is not None and (valid is None or valid(found)):
+        job.timeline.skipped.append(record.removeprefix("unit:"))
+        return found
+    found = shared(job.shared) if shared is not None and job.shared is not None else None
+    if found is not None:
+        job.timeline.skipped.append(f"{record.removeprefix('unit:')} (shared cache)")
+        job.state.commit(record, found)
+    return found
 
 
 def _known_codegen(job: Job, name: str, traced: TraceResult, key: str) -> CodegenResult | None:
     """The unit's code as the last build (or the shared cache) left it under `key`, its weights file made again where only
     the weights changed."""
-    generated = job.state.get(CodegenResult, f"unit:codegen:{name}", key)
-    if generated is None and job.shared and not job.tuning.retune:
-        generated = shared_cache.fetch(job.shared, "codegen", key, CodegenResult, {"ROOT": job.layout.root / "codegen" / name})
-        if generated is not None:
-            job.timeline.skipped.append(f"codegen:{name} (shared cache)")
-            job.state.commit(f"unit:codegen:{name}", generated)
-    elif generated is not None:
-        job.timeline.skipped.append(f"codegen:{name}")
+    fetch = None if job.tuning.retune else lambda shared: shared_cache.fetch(shared, "codegen", key, CodegenResult,
+                                                                              {"ROOT": job.layout.root / "codegen" / name})
+    generated = _cached(job, f"unit:codegen:{name}", CodegenResult, key, shared=fetch)
     if generated is not None and generated.weights_file is not None and generated.weights_digest != traced.weights:
         generated = _rewrite_weights(job, name, traced, generated)  # None: codegen makes them
     return generated
@@ -516,14 +515,14 @@ def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: Codege
     return generated
 
 
-def _shared_trace(job: Job, key: str) -> TraceResult | None:
+def _shared_trace(job: Job, shared: SharedCache, key: str) -> TraceResult | None:
     """A trace the shared cache holds for `key` and for the present content of the files that trace read."""
-    index = job.shared.get("trace-reads", key) if job.shared else None
-    if job.shared is None or index is None:
+    index = shared.get("trace-reads", key)
+    if index is None:
         return None
     spec_dir = job.layout.spec_dir
     reads = [(rel, file_hash(spec_dir / rel)) for rel in json.loads(index)]
-    traced = shared_cache.fetch(job.shared, "trace", stage_key(key, reads), TraceResult, {"ROOT": job.layout.root / "trace", "SPEC": spec_dir})
+    traced = shared_cache.fetch(shared, "trace", stage_key(key, reads), TraceResult, {"ROOT": job.layout.root / "trace", "SPEC": spec_dir})
     return traced if traced is not None and trace.still_valid(traced, key) else None
 
 
@@ -547,21 +546,20 @@ def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
 
 def _shared_wheel(job: Job, key: str, units: list[Unit]) -> PackageResult | None:
     """The package this build would make, as the last build left it or as the shared cache holds it."""
-    assert job.shared is not None
-    layout = job.layout
-    recorded = job.state.get(PackageResult, "package")
-    if recorded is not None and job.state.get(Stamp, "wheel", key) is not None:
-        job.timeline.skipped.append("package")
-        return recorded
-    data = job.shared.get("wheel", key)
+    return _cached(job, "package", PackageResult, key, valid=lambda _: job.state.get(Stamp, "wheel", key) is not None,
+                   shared=lambda shared: _wheel_from(shared, job, key, units))
+
+
+def _wheel_from(shared: SharedCache, job: Job, key: str, units: list[Unit]) -> PackageResult | None:
+    data = shared.get("wheel", key)
     if data is None:
         return None
+    layout = job.layout
     with job.timeline.stage("package", "wheel from the shared cache"):
         with tempfile.TemporaryDirectory(prefix=".shimgen-shared-", dir=layout.root) as tmp:
             name = shared_cache.unpack(data, Path(tmp)).decode()
             packaged = package.install(Path(tmp) / name, layout.dist, layout.site, job.spec.project.name, job.tc, key, _module_dirs(job),
                                        _verify_plan(job, units))
-    job.state.commit("package", packaged)
     job.state.commit("wheel", Stamp(key=key))
     return packaged
 
@@ -589,9 +587,8 @@ def _require_gpu(spec: ProjectSpec, target: Target, job: Job) -> None:
 
 def _package(job: Job, project: RenderedProject, compiled: CompileResult, units: list[Unit]) -> PackageResult:
     key = stage_key(project.key, [(p.name, file_hash(p)) for p in compiled.extensions], meson.source_date_epoch())
-    packaged = job.state.get(PackageResult, "package", key)
+    packaged = _cached(job, "package", PackageResult, key)
     if packaged is not None:
-        job.timeline.skipped.append("package")
         return packaged
     layout, tools = job.layout, job.tools()
     with job.timeline.stage("package"):
