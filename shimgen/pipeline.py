@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -25,8 +27,9 @@ from shimgen import toolchain
 from shimgen.build import meson, workers
 from shimgen.cache import shared_cache
 from shimgen.cache.shared_cache import SharedCache
-from shimgen.cache.state import State
+from shimgen.cache.state import Result, State
 from shimgen.commands import matrix
+from shimgen.devices import device
 from shimgen.errors import SpecError, SpecErrors, UserError
 from shimgen.files import exclusive, file_hash, shimgen_fingerprint, stage_key
 from shimgen.inductor import codegen, lockfile, weights
@@ -39,6 +42,7 @@ from shimgen.results import (
     CustomOps,
     KernelChoice,
     PackageResult,
+    Prebuilt,
     RenderedProject,
     Stamp,
     TraceResult,
@@ -54,7 +58,7 @@ from shimgen.trace import custom_ops, variants
 from shimgen.trace import export as trace
 
 Progress = Callable[[str, str], None]
-R = TypeVar("R")
+R = TypeVar("R", bound=Result)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -203,7 +207,7 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
             spec = dataclasses.replace(spec, target=[picked.target])
             layout = dataclasses.replace(layout, root=layout.root / picked.identifier)
         # One build of a project per output directory at a time; the per-user caches have locks of their own.
-        with exclusive(layout.lock_file, lambda msg: report("lock", msg)):
+        with exclusive(layout.lock_file, lambda msg: report("lock", msg)), _process_kept():
             url = shared_cache.configured(cache_url)
             shared = SharedCache(shared_cache.backend(url)) if url else None
             if shared:
@@ -216,6 +220,23 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
         for error in exc.errors:
             error.file = error.file or str(spec_path)
         raise
+
+
+@contextmanager
+def _process_kept() -> Iterator[None]:
+    """A build leaves its process as it found it: the environment (the shared cache's ccache storage), sys.path and the
+    loggers' levels. (The audit hook that sees a trace's reads is installed once and idles outside a trace.)"""
+    environ, path = dict(os.environ), list(sys.path)
+    levels = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items() if isinstance(logger, logging.Logger)}
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(environ):
+            del os.environ[name]
+        os.environ.update(environ)
+        sys.path[:] = path
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -285,7 +306,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         built = tools()
         _keep_meson_dir_if_configured_for(job, built)
         with timeline.stage("prebuilt"):
-            prebuilts = {t.device: prebuilt.ensure(built.tc, t, [u for u in units if u.target is t], spec.flags,
+            prebuilts: dict[str, Prebuilt] = {t.device: prebuilt.ensure(built.tc, t, [u for u in units if u.target is t], spec.flags,
                                                    lambda msg: report("prebuilt", msg)) for t in spec.target}
         with timeline.stage("render"):
             project = render.render_project(spec, version, layout.spec_path.name, built.tc, built.runtime_lib, built.cuda, units,
@@ -310,7 +331,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         skipped=timeline.skipped,
         compiler_cache=tools.probed.launcher if tools.probed else None,
         kernel_choices={name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
-        identifiers=[matrix.BuildId(python=tc.python_version, torch=tc.torch_version, cuda=_torch_cuda(spec) if t.device == "cuda" else None,
+        identifiers=[matrix.BuildId(python=tc.python_version, torch=tc.torch_version, cuda=_torch_cuda(spec) if device(t.device).gpu else None,
                                     target=t).identifier for t in spec.target],
         shared_cache=_shared_summary(shared),
         timeline=timeline.events,
@@ -358,7 +379,7 @@ def _shared_summary(shared: SharedCache | None) -> dict[str, Any] | None:
 
 
 def _torch_cuda(spec: ProjectSpec) -> str | None:
-    return torch_cuda_version() if any(t.device == "cuda" for t in spec.target) else None
+    return torch_cuda_version() if any(device(t.device).gpu for t in spec.target) else None
 
 
 def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
@@ -373,7 +394,7 @@ def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
 def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
     """nvcc and torch's CUDA, checked against the spec's cuda target; None without one."""
     for i, target in enumerate(spec.target):
-        if target.device == "cuda":
+        if device(target.device).gpu:
             try:
                 cuda = detect_cuda()
                 check_archs(cuda, target, f"target[{i}]")
@@ -401,7 +422,7 @@ def _generate_all(job: Job) -> list[Unit]:
     codegens (shimgen/build/workers.py)."""
     spec, layout, state = job.spec, job.layout, job.state
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
-    works = [(name, i, g, t, sizes) for t in sorted(spec.target, key=lambda t: t.device != "cpu") for i, g in enumerate(spec.graph)
+    works = [(name, i, g, t, sizes) for t in sorted(spec.target, key=lambda t: device(t.device).build_order) for i, g in enumerate(spec.graph)
              for name, sizes in variants.works(g, t)]
     traced: dict[str, TraceResult] = {}
 
@@ -417,8 +438,8 @@ def _generate_all(job: Job) -> list[Unit]:
         for name, i, graph, target, sizes in pending:
             graph = variants.traced_graph(graph, sizes)
             key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
-            found = _cached(job, f"unit:trace:{name}", TraceResult, key, valid=lambda traced: trace.still_valid(traced, key),
-                            shared=lambda shared: _shared_trace(job, shared, key))
+            found = _cached(job, f"unit:trace:{name}", TraceResult, key, valid=lambda traced, key=key: trace.still_valid(traced, key),
+                            shared=lambda shared, key=key: _shared_trace(job, shared, key))
             if found is not None:
                 traced[name] = found
                 continue
@@ -575,12 +596,10 @@ def _update_lockfile(job: Job, units: list[Unit]) -> None:
 
 def _require_gpu(spec: ProjectSpec, target: Target, job: Job) -> None:
     """A cuda target's toolchain proved first (nvcc, archs, torch's CUDA: what a user fixes first), then its GPU."""
-    import torch
-
-    if target.device == "cuda":
-        job.tools()
-
-    if target.device == "cuda" and not torch.cuda.is_available():
+    if not device(target.device).gpu:
+        return
+    job.tools()
+    if not device(target.device).available():
         raise SpecError("", f"target[{spec.target.index(target)}]",
                         "building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); torch sees none")
 

@@ -255,7 +255,7 @@ def _convert(hint: Any, data: Any) -> Any:
     if data is None:
         return None
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         hints = typing.get_type_hints(hint)
         return hint(**{f.name: _convert(hints[f.name], data[f.name]) for f in dataclasses.fields(hint) if f.name in data})
     if origin in (typing.Union, types.UnionType):

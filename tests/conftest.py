@@ -48,6 +48,13 @@ FAST_SPECS = ("hf.toml", "shapes.toml", "outputs.toml", "zoo.toml", "multi.toml"
 O1_SPECS = ("vision.toml",)
 
 
+def edited(text: str, old: str, new: str, count: int = -1) -> str:
+    """`text` with `old` replaced by `new`: a test's edit of a spec or source, which fails where `old` is not there (an
+    edit that silently changed nothing would test the unedited spec)."""
+    assert old in text, f"{old!r} is not in the text to edit"
+    return text.replace(old, new, count)
+
+
 def with_flags(text: str, **flags: str) -> str:
     """A spec's text with these [flags] keys set (TOML values, as written)."""
     lines = text.splitlines()

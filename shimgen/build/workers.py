@@ -77,7 +77,7 @@ def count(tasks: int, in_process: bool) -> int:
     return workers if workers > 1 else 0
 
 
-def run_all(tasks: list[tuple[str, T]], work: Callable[[T], Any], workers: int, ops: CustomOps | None,
+def run_all(tasks: list[tuple[str, T]], work: Callable[..., Any], workers: int, ops: CustomOps | None,
             done: Callable[[str, Any, float, float], None]) -> None:
     """Run `work` on each (name, task), in `workers` processes or here (0); `done(name, result, start, end)` in this
     process as each finishes, times from time.time(). Once every task has ended, the errors are raised in the tasks'

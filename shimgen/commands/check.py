@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shimgen.devices import device
 from shimgen.spec import Graph, ProjectSpec
 from shimgen.trace.entry import call_model, example_sizes, load_model, make_inputs, project_scope
 from shimgen.trace.export import describe_type, node_parts
@@ -50,7 +51,7 @@ def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path, made: dict[str
     finally:
         sys.path.remove(str(package_dir))
     rows = []
-    devices = [t.device for t in spec.target if t.device == "cpu" or torch.cuda.is_available()]
+    devices = [t.device for t in spec.target if device(t.device).available()]
     # The models' modules, and the types of their outputs, stay importable while they run.
     with project_scope(spec_dir):
         for device, (i, graph) in ((d, g) for d in devices for g in enumerate(spec.graph)):
@@ -115,6 +116,7 @@ def _step(node: Any, k: int, names: list[str] | None) -> str:
 
 def _matching_children(want: Any, got: Any, children: list[Any], names: list[str] | None, spec_dir: Path, path: str) -> list[Any]:
     """`got`'s children, in `want`'s order, where `got` is the node the package promises for `want`."""
+    expected: type | None
     if type(want) in (tuple, list, dict):
         expected, fallback = type(want), None
     else:

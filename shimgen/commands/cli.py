@@ -18,6 +18,7 @@ from shimgen import toolchain
 from shimgen.cache import shared_cache
 from shimgen.commands import ci_workflow, matrix, report
 from shimgen.commands.check import compare
+from shimgen.devices import device
 from shimgen.errors import BuildError, UserError
 from shimgen.files import exclusive
 from shimgen.package import merge
@@ -73,10 +74,11 @@ def _check_out(out: Path) -> None:
 def _project_exit(exc: SystemExit, spec: Path | None) -> str:
     """'...called sys.exit(0) (at models/net.py:12)': the innermost frame under the spec's directory."""
     where = ""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)) if spec is not None else ():
+    spec_dir = spec.parent.resolve() if spec is not None else None
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)) if spec_dir is not None else ():
         path = Path(frame.filename).resolve()
-        if path.is_relative_to(spec.parent.resolve()):
-            where = f" (at {path.relative_to(spec.parent.resolve())}:{frame.lineno})"
+        if spec_dir is not None and path.is_relative_to(spec_dir):
+            where = f" (at {path.relative_to(spec_dir)}:{frame.lineno})"
             break
     prefix = f"shimgen: {spec}: " if spec is not None else "shimgen: "
     return f"{prefix}the project's code called sys.exit({exc.code!r}){where}; a model must not exit the process"
@@ -259,9 +261,7 @@ def _check(args: argparse.Namespace) -> int:
     verdict = (f"{len(failed)} of {len(rows)} outputs beyond tolerance ({tolerances})" if failed
                else f"all {len(rows)} outputs match eager ({tolerances})")
     print(f"\ncheck: {verdict} in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    import torch
-
-    if any(t.device == "cuda" for t in spec.target) and not torch.cuda.is_available():
+    if any(not device(t.device).available() for t in spec.target):
         print("check: the cuda target was not checked: this machine has no GPU", file=sys.stderr)
         if not rows:
             return 1

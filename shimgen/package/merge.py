@@ -11,6 +11,7 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
+from shimgen.devices import device
 from shimgen.errors import UserError
 from shimgen.package.wheel import write_wheel
 from shimgen.project.render import BUILD_MANIFEST, render_init
@@ -34,7 +35,7 @@ def merge(wheels: list[Path], out: Path) -> Path:
     twice = next((d for i, d in enumerate(devices) if devices.index(d) != i), None)
     if twice:
         raise UserError(f"merge: two wheels hold a {twice} target; a package has one target per device")
-    parts.sort(key=lambda p: [t["device"] != "cpu" for t in p["manifest"]["targets"]])
+    parts.sort(key=lambda p: [device(t["device"]).build_order for t in p["manifest"]["targets"]])
     label = ".".join([f"torch{first['torch']}", *(p["targets_label"] for p in parts)])
     version = f"{first['base']}+{label}"
     manifest = _merged_manifest(parts, version)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shimgen.devices import device
 from shimgen.inductor.weights import WEIGHT_PREFIX
 from shimgen.spec import Graph
 from shimgen.trace.entry import call_model, example_sizes, make_inputs
@@ -108,7 +109,7 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
     loaded: dict[Path, Any] = {}
     for models in plan.graphs:
         graph = models.graph
-        if models.device == "cuda" and not torch.cuda.is_available():
+        if not device(models.device).available():
             report.skipped.append(f"{graph.name} (cuda): no GPU on this machine")
             continue
         compiled = getattr(package, graph.name)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
+from shimgen.devices import device
 from shimgen.errors import SpecError
 from shimgen.spec.model import (
     DIM_SIZE_LIMIT,
@@ -102,7 +103,7 @@ def _read_text(path: Path) -> str:
 
 def convert(value: Any, hint: Any, where: str) -> Any:
     """Convert TOML data to `hint` (a dataclass, list, dict, Literal, union or scalar)."""
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _convert_dataclass(value, hint, where)
     origin = typing.get_origin(hint)
     if origin is Literal:
@@ -410,7 +411,7 @@ def _validate_targets(targets: list[Target]) -> None:
         if target.device in devices:
             raise SpecError("", f"{where}.device", f"a second '{target.device}' target: build one package per {target.device} variant")
         devices.add(target.device)
-        if target.device == "cpu":
+        if not device(target.device).gpu:
             if target.archs:
                 raise SpecError("", f"{where}.archs", "archs applies to cuda targets only")
             target.isa = target.isa or "native"
@@ -428,7 +429,7 @@ def _validate_targets(targets: list[Target]) -> None:
 
 def _validate_flags(spec: ProjectSpec) -> None:
     flags = spec.flags
-    cuda = next((t for t in spec.target if t.device == "cuda"), None)
+    cuda = next((t for t in spec.target if device(t.device).gpu), None)
     if flags.split < 1:
         raise SpecError("", "flags.split", f"split must be at least 1, got {flags.split}")
     for name in ("tma", "cuda_graphs"):
@@ -445,7 +446,7 @@ CXX_SUFFIXES = (".cpp", ".cc", ".cxx")
 
 def _validate_custom_ops(spec: ProjectSpec) -> None:
     """Shapes of [[custom_op]] entries; that the files exist is checked where the build reads them."""
-    cuda = any(t.device == "cuda" for t in spec.target)
+    cuda = any(device(t.device).gpu for t in spec.target)
     modules: set[str] = set()
     for i, op in enumerate(spec.custom_op):
         where = f"custom_op[{i}]"
@@ -481,7 +482,7 @@ def _validate_matrix(spec: ProjectSpec) -> None:
     for k, version in enumerate(spec.matrix.cuda):
         if not re.fullmatch(r"\d+\.\d+", version):
             raise SpecError("", f"matrix.cuda[{k}]", f"'{version}' is not a CUDA version such as '13.0'")
-    if spec.matrix.cuda and not any(t.device == "cuda" for t in spec.target):
+    if spec.matrix.cuda and not any(device(t.device).gpu for t in spec.target):
         raise SpecError("", "matrix.cuda", "applies to a cuda target; the spec has none")
     for name, values in (("torch", spec.matrix.torch), ("python", spec.matrix.python), ("cuda", spec.matrix.cuda)):
         twice = next((v for i, v in enumerate(values) if values.index(v) != i), None)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, build_json, import_package, shimgen
+from conftest import REPO, build_json, edited, import_package, shimgen
 
 from shimgen import toolchain
 from shimgen.build import workers
@@ -118,7 +118,7 @@ def test_check_fails_beyond_tolerance(built_multi: dict[str, Any], workdir: Path
     tight = workdir / "projects" / "multi_tight.toml"
     # Same project and graphs (no rebuild: tolerances are check-only); zero tolerance on `heads`,
     # whose LayerNorm and softmax reductions are ordered differently from eager.
-    tight.write_text(spec.replace('dims = { batch = { min = 1, max = 16 } }', 'dims = { batch = { min = 1, max = 16 } }\natol = 0.0\nrtol = 0.0'))
+    tight.write_text(edited(spec, 'dims = { batch = { min = 1, max = 16 } }', 'dims = { batch = { min = 1, max = 16 } }\natol = 0.0\nrtol = 0.0'))
     result = shimgen("check", tight, "--out", workdir)
     assert result.returncode == 1, result.stderr
     assert "MISMATCH" in result.stderr and "beyond tolerance" in result.stderr
@@ -172,7 +172,7 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
     original = spec.read_text()
     try:
         # A model edit that breaks tracing.
-        spec.write_text(original.replace('shape = ["batch", 32]', 'shape = ["batch", 33]'))
+        spec.write_text(edited(original, 'shape = ["batch", 32]', 'shape = ["batch", 33]'))
         result = shimgen("build", spec, "--out", workdir)
         assert result.returncode == 2 and "the model rejected the example inputs" in result.stderr
         spec.write_text(original)
@@ -236,7 +236,7 @@ def test_every_graph_error_is_reported_in_spec_order(workdir: Path, tmp_path: Pa
 
 def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
     spec = workdir / "projects" / "mlp_portable.toml"
-    spec.write_text((workdir / "projects" / "mlp.toml").read_text().replace('name = "mlp"', 'name = "mlp_portable"')
+    spec.write_text(edited((workdir / "projects" / "mlp.toml").read_text(), 'name = "mlp"', 'name = "mlp_portable"')
                     + '\n[[target]]\ndevice = "cpu"\nisa = "default"\n')
     summary = build_json(spec, workdir)
     assert summary["target"] == "cpu-default"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, import_package, shimgen
+from conftest import build_json, edited, import_package, shimgen
 
 from shimgen.spec import load_spec
 from shimgen.trace.entry import load_model, make_inputs
@@ -175,7 +175,7 @@ def test_tma_kernels_use_tensor_memory_copies(workdir: Path, tmp_path: Path) -> 
     assert "UTMALDG" in sass, "no TMA load in the built kernels"
     plain = tmp_path / "projects"
     shutil.copytree(spec.parent, plain)
-    (plain / "tma.toml").write_text(spec.read_text().replace("tma = true", "tma = false"))
+    (plain / "tma.toml").write_text(edited(spec.read_text(), "tma = true", "tma = false"))
     without = build_json(plain / "tma.toml", tmp_path)
     assert "UTMALDG" not in "".join(cuobjdump("--dump-sass", f) for f in fatbins(without))
     print(f"TMA: {sass.count('UTMALDG')} UTMALDG instructions in {len(fatbins(with_tma))} kernels; none without flags.tma")
@@ -186,9 +186,9 @@ def test_static_then_dynamic_build_embeds_its_own_kernels(workdir: Path, tmp_pat
     projects = tmp_path / "projects"
     shutil.copytree(workdir / "projects" / "models", projects / "models")
     text = (workdir / "projects" / "gpu.toml").read_text()
-    (projects / "dyn.toml").write_text(text.replace('name = "gpu"', 'name = "dyn"'))
+    (projects / "dyn.toml").write_text(edited(text, 'name = "gpu"', 'name = "dyn"'))
     dynamic_batch = 'shape = ["batch", 32] }]\ndims = { batch = { min = 1, max = 64, example = 4 } }'
-    static = text.replace('name = "gpu"', 'name = "stat"').replace(dynamic_batch, "shape = [4, 32] }]")
+    static = edited(edited(text, 'name = "gpu"', 'name = "stat"'), dynamic_batch, "shape = [4, 32] }]")
     assert static.count("shape = [4, 32]") == 1
     (projects / "stat.toml").write_text(static)
     build_json(projects / "stat.toml", tmp_path)
@@ -298,7 +298,7 @@ def test_per_target_wheels_merge_into_the_multi_target_package(built_gpu: dict[s
 
 def test_load_weights_on_cuda_recaptures_the_cuda_graph(workdir: Path, tmp_path: Path) -> None:
     spec = tmp_path / "graphs_refit.toml"
-    spec.write_text((workdir / "projects" / "gpu_graphs.toml").read_text().replace('name = "gpu_graphs"', 'name = "graphs_refit"')
+    spec.write_text(edited((workdir / "projects" / "gpu_graphs.toml").read_text(), 'name = "gpu_graphs"', 'name = "graphs_refit"')
                     + "freezing = false\n")
     (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     summary = build_json(spec, tmp_path)
@@ -320,14 +320,7 @@ def test_specialized_variants_on_cuda_are_captured_and_share_weights(workdir: Pa
     """Batch 1 and 8 run captured static variants, other batches the dynamic code; the GPU holds one copy of the weights
     for all three, and load_weights reaches each."""
     spec = tmp_path / "cuda_variants.toml"
-    spec.write_text((workdir / "projects" / "gpu_graphs.toml").read_text()
-                    .replace('name = "gpu_graphs"', 'name = "cuda_variants"')
-                    .replace("kwargs = { width = 32, depth = 8 }", "kwargs = { width = 256, depth = 8 }")
-                    .replace('inputs = [{ name = "x", shape = [4, 32] }]',
-                             'inputs = [{ name = "x", shape = ["batch", 256] }]\ndims = { batch = { min = 1, max = 16, specialize = [1, 8] } }')
-                    .replace('{ name = "x", shape = [4, 32] },', '{ name = "x", shape = ["batch", 32] },').replace(
-                        '{ name = "scale", shape = [32], keyword = true },\n]',
-                        '{ name = "scale", shape = [32], keyword = true },\n]\ndims = { batch = { min = 1, max = 16, specialize = [2] } }')
+    spec.write_text(edited(edited(edited(edited(edited((workdir / "projects" / "gpu_graphs.toml").read_text(), 'name = "gpu_graphs"', 'name = "cuda_variants"'), "kwargs = { width = 32, depth = 8 }", "kwargs = { width = 256, depth = 8 }"), 'inputs = [{ name = "x", shape = [4, 32] }]', 'inputs = [{ name = "x", shape = ["batch", 256] }]\ndims = { batch = { min = 1, max = 16, specialize = [1, 8] } }'), '{ name = "x", shape = [4, 32] },', '{ name = "x", shape = ["batch", 32] },'), '{ name = "scale", shape = [32], keyword = true },\n]', '{ name = "scale", shape = [32], keyword = true },\n]\ndims = { batch = { min = 1, max = 16, specialize = [2] } }')
                     + "freezing = false\n")
     (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     summary = build_json(spec, tmp_path)
@@ -363,7 +356,7 @@ def test_llm_decode_on_cuda_with_cuda_graphs_shares_one_cache(workdir: Path) -> 
     # one KV cache on the GPU is written by prefill and read by decode, in place across replays.
     major, minor = torch.cuda.get_device_capability()
     spec = workdir / "projects" / "llm_cuda.toml"
-    text = (workdir / "projects" / "llm.toml").read_text().replace('name = "llm"', 'name = "llm_cuda"', 1)
+    text = edited((workdir / "projects" / "llm.toml").read_text(), 'name = "llm"', 'name = "llm_cuda"', 1)
     spec.write_text(text + f'\n[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n')
     summary = build_json(spec, workdir)
     assert summary["verified"]["cases"], summary["verified"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import FAST_FLAGS, build_json, rss_growth_over_10000_calls, shimgen, with_flags
+from conftest import FAST_FLAGS, build_json, edited, rss_growth_over_10000_calls, shimgen, with_flags
 
 RUN_SCRIPT = """
 import json, sys, torch
@@ -191,7 +191,7 @@ print(Model().eval()(torch.load(sys.argv[1])).tolist())
 def test_edits_rebuild_what_depends_on_them(tmp_path: Path) -> None:
     project = tmp_path / "inc"
     project.mkdir()
-    (project / "ops.cpp").write_text(OPS_CPP.replace("SCALE", "1.0"))
+    (project / "ops.cpp").write_text(edited(OPS_CPP, "SCALE", "1.0"))
     (project / "ops_fakes.py").write_text(OPS_PY)
     (project / "ops_model.py").write_text(OPS_MODEL)
     spec, out = project / "inc.toml", tmp_path / "out"
@@ -217,14 +217,14 @@ def test_edits_rebuild_what_depends_on_them(tmp_path: Path) -> None:
     assert run.returncode == 0 and run.stdout.split() == ["True", "torch.Size([4,", "1])"], run.stdout + run.stderr
 
     # The op's body alone: its library is rebuilt and shipped; no trace, codegen or package compile.
-    (project / "ops.cpp").write_text(OPS_CPP.replace("SCALE", "3.0"))
+    (project / "ops.cpp").write_text(edited(OPS_CPP, "SCALE", "3.0"))
     second = build_json(spec, out)
     assert {"trace:forward_cpu", "codegen:forward_cpu"} <= set(second["skipped"]), second["skipped"]
     assert second["compiled_units"]["done"] == 0
     torch.testing.assert_close(call(), _eager_inc(project, x, library), rtol=1e-5, atol=1e-5)
 
     # A compile error: exit 1 with the compiler's first error, file and line; the last good package stays.
-    (project / "ops.cpp").write_text(OPS_CPP.replace("SCALE", "3.0").replace("return x + by", "return x + undefined_name + by"))
+    (project / "ops.cpp").write_text(edited(edited(OPS_CPP, "SCALE", "3.0"), "return x + by", "return x + undefined_name + by"))
     failed = shimgen("build", spec, "--out", out)
     assert failed.returncode == 1, failed.stderr
     assert "ops.cpp:6" in failed.stderr and "undefined_name" in failed.stderr and "Traceback" not in failed.stderr
@@ -232,7 +232,7 @@ def test_edits_rebuild_what_depends_on_them(tmp_path: Path) -> None:
 
     # The fake implementation: traced again.
     (project / "ops_fakes.py").write_text(OPS_PY + "\n# edited\n")
-    (project / "ops.cpp").write_text(OPS_CPP.replace("SCALE", "3.0"))
+    (project / "ops.cpp").write_text(edited(OPS_CPP, "SCALE", "3.0"))
     third = build_json(spec, out)
     assert "trace:forward_cpu" not in third["skipped"]
 
@@ -292,12 +292,12 @@ inputs = [{ name = "x", shape = [4, 16] }]
 def test_bad_custom_ops_exit_2(tmp_path: Path, entry: str, op: str, message: str) -> None:
     project = tmp_path / "bad"
     project.mkdir()
-    (project / "bad_model.py").write_text(BAD_MODEL.replace("OP", op))
+    (project / "bad_model.py").write_text(edited(BAD_MODEL, "OP", op))
     (project / "bad_ops.py").write_text(BAD_OPS)
     (project / "broken_ops.py").write_text("1 / 0\n")
     (project / "nometa.cpp").write_text(NO_META_CPP)
     spec = project / "bad.toml"
-    spec.write_text(BAD_SPEC.replace("ENTRY", entry))
+    spec.write_text(edited(BAD_SPEC, "ENTRY", entry))
     result = shimgen("build", spec, "--out", tmp_path / "out")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST_FLAGS, build_json, import_package, with_flags
+from conftest import FAST_FLAGS, build_json, edited, import_package, with_flags
 
 from shimgen.project import escape
 from shimgen.spec import load_spec
@@ -31,7 +31,7 @@ def test_awkward_strings_build_a_package_that_imports(workdir: Path, tmp_path: P
     monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(tmp_path / "cache dir's ü" / "toolchain"))
     spec = workdir / "projects" / "odd 'spec' ü.toml"
     text = with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS)
-    text = text.replace('name = "mlp"', 'name = "odd_strings"\nversion = "2.0rc1"')
+    text = edited(text, 'name = "mlp"', 'name = "odd_strings"\nversion = "2.0rc1"')
     spec.write_text(re.sub(r"(?m)^description = .*$", lambda _: f"description = {escape.toml(DESCRIPTION)}", text), encoding="utf-8")
     summary = build_json(spec, tmp_path / "out dir's ü")
     package = import_package(summary)

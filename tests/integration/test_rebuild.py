@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import COMMAND, FAST_FLAGS, build_json, call_in_subprocess, shimgen, with_flags
+from conftest import COMMAND, FAST_FLAGS, build_json, call_in_subprocess, edited, shimgen, with_flags
 
 from shimgen.spec import load_spec
 from shimgen.trace.entry import load_model, make_inputs
@@ -43,10 +43,9 @@ def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path
 
     source = workdir / "projects" / "models" / "convnet.py"
     original = source.read_text()
-    edited = original.replace(".mean(dim=(2, 3))", ".amax(dim=(2, 3))")
-    assert edited != original
+    changed = edited(original, ".mean(dim=(2, 3))", ".amax(dim=(2, 3))")
     try:
-        source.write_text(edited)
+        source.write_text(changed)
         after = build_json(zoo_spec, workdir)
         assert "trace:convnet_cpu" not in after["skipped"] and "codegen:convnet_cpu" not in after["skipped"]
         assert {"trace:heads_cpu", "codegen:heads_cpu", "trace:distance_cpu", "codegen:distance_cpu"} <= set(after["skipped"])
@@ -85,7 +84,7 @@ def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, t
 
 def test_dynamic_range_edit_reaches_the_package(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
     original = zoo_spec.read_text()
-    narrowed = original.replace("dims = { batch = { min = 1, max = 32, example = 4 } }", "dims = { batch = { min = 1, max = 8, example = 4 } }")
+    narrowed = edited(original, "dims = { batch = { min = 1, max = 32, example = 4 } }", "dims = { batch = { min = 1, max = 8, example = 4 } }")
     assert narrowed != original
     try:
         zoo_spec.write_text(narrowed)
@@ -103,7 +102,7 @@ def test_dynamic_range_edit_reaches_the_package(zoo_spec: Path, workdir: Path, t
 def test_split_kernels_are_bit_identical(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
     split4 = build_json(zoo_spec, workdir)
     one_file = zoo_spec.with_name("zoo_split1.toml")
-    one_file.write_text(with_flags(zoo_spec.read_text().replace('name = "zoo"', 'name = "zoo_split1"'), split="1"))
+    one_file.write_text(with_flags(edited(zoo_spec.read_text(), 'name = "zoo"', 'name = "zoo_split1"'), split="1"))
     split1 = build_json(one_file, workdir)
 
     def kernels(summary: dict[str, Any]) -> list[Path]:
@@ -125,7 +124,7 @@ def test_split_kernels_are_bit_identical(zoo_spec: Path, workdir: Path, tmp_path
 
 def test_killed_mid_compile_then_rebuilt(workdir: Path, tmp_path: Path) -> None:
     spec = workdir / "projects" / "mlp_killed.toml"
-    spec.write_text(with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS).replace('name = "mlp"', 'name = "mlp_killed"'))
+    spec.write_text(edited(with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', 'name = "mlp_killed"'))
     proc = subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(workdir)], stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     assert proc.stderr is not None
@@ -148,7 +147,7 @@ def test_compiler_cache_is_used_when_on_path(workdir: Path, tmp_path: Path) -> N
     (bin_dir / "ccache").write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec "$@"\n')
     (bin_dir / "ccache").chmod(0o755)
     spec = workdir / "projects" / "mlp_cached.toml"
-    spec.write_text(with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS).replace('name = "mlp"', 'name = "mlp_cached"'))
+    spec.write_text(edited(with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', 'name = "mlp_cached"'))
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     result = shimgen("build", spec, "--out", workdir, "--json", env=env)
     assert result.returncode == 0, result.stderr

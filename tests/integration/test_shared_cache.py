@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, import_package, shimgen
+from conftest import FAST_FLAGS, REPO, import_package, shimgen, with_flags
 
 from shimgen.cache import shared_cache
 
@@ -160,3 +160,27 @@ def test_the_lockfile_replays_kernel_choices_and_retune_measures_again(first_mac
     retuned = _build(spec, out, *ONLY, "--retune")
     assert retuned["kernel_choices"]["forward_cpu"][0]["us"][loser] != 0.001
     assert json.loads(lock.read_text())["units"][section]["choices"] == retuned["kernel_choices"]["forward_cpu"]
+
+
+def test_two_builds_in_one_process_each_use_their_own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build leaves its process as it found it: the second build of a process gets the cache it names, not the first
+    one's ccache storage, and the environment, sys.path and loggers are as before."""
+    import logging
+    import sys
+
+    from shimgen.pipeline import build
+
+    spec = _copy_projects(tmp_path)
+    spec.write_text(with_flags(spec.read_text(), **FAST_FLAGS))
+    for name in ("first", "second"):
+        monkeypatch.setenv("CCACHE_DIR", str(tmp_path / f"ccache-{name}"))  # misses: the objects go to the remote storage
+        environ, path = dict(os.environ), list(sys.path)
+        levels = {n: lg.level for n, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
+        cache = tmp_path / f"cache-{name}"
+        built = build(spec, tmp_path / f"out-{name}", cache_url=cache.as_uri())
+        assert built.shared_cache is not None and built.shared_cache["url"] == cache.as_uri()
+        assert "wheel" in built.shared_cache["stored"] and any(cache.rglob("*")), built.shared_cache
+        if built.compiler_cache and Path(built.compiler_cache).name == "ccache":
+            assert any(p.is_file() for p in (cache / "ccache").rglob("*")), f"ccache stored nothing in {cache / 'ccache'}"
+        assert dict(os.environ) == environ and sys.path == path
+        assert {n: logging.getLogger(n).level for n in levels} == levels

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, import_package, shimgen
+from conftest import build_json, edited, import_package, shimgen
 
 pytest.importorskip("transformers", reason="the zoo's transformers models need transformers (scripts/setup.sh installs it)")
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Pat
     original = (workdir / "projects" / name).read_text()
     assert old in original
     spec = workdir / "projects" / f"narrow_{name}"
-    spec.write_text(original.replace(old, new))
+    spec.write_text(edited(original, old, new))
     result = shimgen("build", spec, "--out", tmp_path)
     assert result.returncode == 2, result.stderr
     # Every graph the edit breaks is reported, in spec order: the first line is graph[0]'s.
@@ -106,8 +106,8 @@ def test_zoo_on_cuda(workdir: Path, spec_name: str, graphs: list[str], kwargs: s
     kept = [b for b in blocks[1:] if any(f'name = "{g}"' in b for g in graphs)]
     assert len(kept) == len(graphs), f"{spec_name} lacks one of the graphs {graphs}"
     if kwargs:
-        kept = [b.replace("inputs = [", kwargs + "inputs = [", 1) for b in kept]
-        kept = [b.replace("batch = { min = 1, max = 8 }, seq = { min = 2, max = 64 }", "batch = { min = 1, max = 16 }, seq = { min = 8, max = 128 }")
+        kept = [edited(b, "inputs = [", kwargs + "inputs = [", 1) for b in kept]
+        kept = [edited(b, "batch = { min = 1, max = 8 }, seq = { min = 2, max = 64 }", "batch = { min = 1, max = 16 }, seq = { min = 8, max = 128 }")
                 for b in kept]
     name = spec_name.removesuffix(".toml") + "_cuda"
     spec = workdir / "projects" / f"{name}.toml"

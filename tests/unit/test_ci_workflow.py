@@ -16,7 +16,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from conftest import FAST_FLAGS, REPO, shimgen, with_flags
+from conftest import FAST_FLAGS, REPO, edited, shimgen, with_flags
 
 from shimgen.commands import ci_workflow, matrix
 from shimgen.errors import UserError
@@ -42,7 +42,7 @@ def write_spec(directory: Path, name: str, extra: str) -> Path:
     """projects/mlp.toml renamed, built fast (conftest.FAST_FLAGS), with `extra` (targets, [matrix]) appended."""
     directory.mkdir(parents=True, exist_ok=True)
     spec = directory / f"{name}.toml"
-    text = with_flags((REPO / "projects" / "mlp.toml").read_text(), **FAST_FLAGS).replace('name = "mlp"', f'name = "{name}"')
+    text = edited(with_flags((REPO / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', f'name = "{name}"')
     spec.write_text(text + extra, encoding="utf-8")
     return spec
 

@@ -10,7 +10,7 @@ import zipfile
 from pathlib import Path
 
 import torch
-from conftest import shimgen
+from conftest import edited, shimgen
 
 RUNNING = f"cp{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__.split('+')[0]}"
 
@@ -56,7 +56,7 @@ def test_defaults_are_the_running_python_and_torch(workdir: Path) -> None:
 
 def test_only_refuses_an_identifier_this_environment_cannot_build(tmp_path: Path) -> None:
     spec = tmp_path / "mx.toml"
-    spec.write_text(SPEC.replace('torch = ["2.13.0", "2.14.1"]', 'torch = ["2.13.0", "2.14.1", "' + torch.__version__.split("+")[0] + '"]')
+    spec.write_text(edited(SPEC, 'torch = ["2.13.0", "2.14.1"]', 'torch = ["2.13.0", "2.14.1", "' + torch.__version__.split("+")[0] + '"]')
                     if torch.__version__.split("+")[0] not in ("2.13.0", "2.14.1") else SPEC)
     other = "2.14.1" if torch.__version__.startswith("2.13") else "2.13.0"
     wanted = f"cp{sys.version_info.major}{sys.version_info.minor}-torch{other}-cpu-native"
@@ -71,7 +71,7 @@ def test_only_refuses_an_identifier_this_environment_cannot_build(tmp_path: Path
 
 def test_torch_outside_the_supported_range_is_refused(tmp_path: Path) -> None:
     spec = tmp_path / "mx.toml"
-    spec.write_text(SPEC.replace('"2.14.1"]', '"2.10.0"]'))
+    spec.write_text(edited(SPEC, '"2.14.1"]', '"2.10.0"]'))
     refused = shimgen("matrix", spec)
     assert refused.returncode == 2
     assert re.search(r"matrix\.torch\[1\]: torch 2\.10\.0 is outside the range this shimgen supports \(.*>=2\.11.*\)", refused.stderr)
@@ -79,7 +79,7 @@ def test_torch_outside_the_supported_range_is_refused(tmp_path: Path) -> None:
 
 def test_a_version_with_a_local_label_is_refused(tmp_path: Path) -> None:
     spec = tmp_path / "mx.toml"
-    spec.write_text(SPEC.replace('name = "mx"', 'name = "mx"\nversion = "1.0+mine"'))
+    spec.write_text(edited(SPEC, 'name = "mx"', 'name = "mx"\nversion = "1.0+mine"'))
     refused = shimgen("matrix", spec)
     assert refused.returncode == 2 and "project.version: '1.0+mine' has a local label" in refused.stderr
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import edited
 
 from shimgen.commands.cli import main
 from shimgen.spec import load_spec
@@ -27,31 +28,31 @@ INT64 = "does not fit in 64 bits: TOML integers go from -2**63 to 2**63 - 1"
 
 def dims(text: str) -> str:
     """The good spec with the batch dim's table replaced."""
-    return PROJECT + GOOD_GRAPH.replace("{ min = 1, max = 8 }", text)
+    return PROJECT + edited(GOOD_GRAPH, "{ min = 1, max = 8 }", text)
 
 
 def input_keys(text: str) -> str:
     """The good spec with more keys on input x."""
-    return PROJECT + GOOD_GRAPH.replace('shape = ["batch", 32] }', f'shape = ["batch", 32], {text} }}')
+    return PROJECT + edited(GOOD_GRAPH, 'shape = ["batch", 32] }', f'shape = ["batch", 32], {text} }}')
 
 CASES = [
     ("toml syntax", "[project\nname = 1", "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 9)"),
-    ("unknown key", PROJECT + GOOD_GRAPH.replace("name = \"forward\"", "nmae = \"forward\""), "graph[0].nmae: unknown key (did you mean 'name'?)"),
+    ("unknown key", PROJECT + edited(GOOD_GRAPH, "name = \"forward\"", "nmae = \"forward\""), "graph[0].nmae: unknown key (did you mean 'name'?)"),
     ("unknown table", PROJECT + GOOD_GRAPH + "[flag]\nsplit = 1\n", "flag: unknown key (did you mean 'flags'?)"),
     ("wrong type", '[project]\nname = "demo"\nversion = 1\n' + GOOD_GRAPH, "project.version: expected a string, got an integer (1)"),
-    ("bad dtype", PROJECT + GOOD_GRAPH.replace('shape = ["batch", 32] }', 'shape = ["batch", 32], dtype = "float33" }'),
+    ("bad dtype", PROJECT + edited(GOOD_GRAPH, 'shape = ["batch", 32] }', 'shape = ["batch", 32], dtype = "float33" }'),
      f"graph[0].inputs[0].dtype: 'float33' is not a dtype (expected one of: {DTYPES})"),
-    ("missing key", PROJECT + GOOD_GRAPH.replace('entry = "models.mlp:mlp"\n', ""), "graph[0].entry: missing required key"),
+    ("missing key", PROJECT + edited(GOOD_GRAPH, 'entry = "models.mlp:mlp"\n', ""), "graph[0].entry: missing required key"),
     ("name not identifier", '[project]\nname = "my-model"\n' + GOOD_GRAPH, "project.name: 'my-model' is not a valid Python identifier"),
     ("name escapes out dir", '[project]\nname = "../../etc"\n' + GOOD_GRAPH, "project.name: '../../etc' is not a valid Python identifier"),
-    ("graph name escapes", PROJECT + GOOD_GRAPH.replace('name = "forward"', 'name = "a/b"'), "graph[0].name: 'a/b' is not a valid Python identifier"),
-    ("reserved graph name", PROJECT + GOOD_GRAPH.replace('name = "forward"', 'name = "_hidden"'),
+    ("graph name escapes", PROJECT + edited(GOOD_GRAPH, 'name = "forward"', 'name = "a/b"'), "graph[0].name: 'a/b' is not a valid Python identifier"),
+    ("reserved graph name", PROJECT + edited(GOOD_GRAPH, 'name = "forward"', 'name = "_hidden"'),
      "graph[0].name: '_hidden' is reserved (no leading underscore, not 'torch')"),
     ("duplicate graph", PROJECT + GOOD_GRAPH + GOOD_GRAPH, "graph[1].name: graph name 'forward' is used twice"),
-    ("unknown dim", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["btach", 32]'),
+    ("unknown dim", PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["btach", 32]'),
      "graph[0].inputs[0].shape[0]: 'btach' is not a dim of this graph (dims: batch)"),
-    ("dim range", PROJECT + GOOD_GRAPH.replace("min = 1, max = 8", "min = 9, max = 8"), "graph[0].dims.batch.max: max 8 is below min 9"),
-    ("entry syntax", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "models/mlp.py"),
+    ("dim range", PROJECT + edited(GOOD_GRAPH, "min = 1, max = 8", "min = 9, max = 8"), "graph[0].dims.batch.max: max 8 is below min 9"),
+    ("entry syntax", PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "models/mlp.py"),
      "graph[0].entry: 'models/mlp.py' is not 'package.module:callable'"),
     ("tma on cpu", PROJECT + GOOD_GRAPH + "[flags]\ntma = true\n",
      'flags.tma: tma applies to cuda targets only; add a [[target]] with device = "cuda"'),
@@ -72,16 +73,16 @@ CASES = [
      "custom_op[0].sources[0]: 'k.py' is not a C++ (.cpp, .cc, .cxx) or CUDA (.cu) source"),
     ("custom op module name", PROJECT + GOOD_GRAPH + '[[custom_op]]\nmodule = "my-ops"\n',
      "custom_op[0].module: 'my-ops' is not a Python module name such as 'my_ops' or 'pkg.ops'"),
-    ("no module", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "nowhere.model:build"),
+    ("no module", PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "nowhere.model:build"),
      "graph[0].entry: cannot import 'nowhere.model': ModuleNotFoundError: No module named 'nowhere'"),
-    ("no attribute", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "models.mlp:nope"),
+    ("no attribute", PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "models.mlp:nope"),
      "graph[0].entry: module 'models.mlp' has no attribute 'nope'"),
-    ("module raises", PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "broken:model"),
+    ("module raises", PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "broken:model"),
      "graph[0].entry: cannot import 'broken': RuntimeError: cannot build at import (at broken.py:2)"),
     ("empty file", "", "project: missing required key"),
     ("project name too long", f'[project]\nname = "{"p" * 101}"\n' + GOOD_GRAPH,
      "project.name: 101 characters long; at most 100 (it goes into file names)"),
-    ("graph name too long", PROJECT + GOOD_GRAPH.replace('name = "forward"', f'name = "{"g" * 240}"'),
+    ("graph name too long", PROJECT + edited(GOOD_GRAPH, 'name = "forward"', f'name = "{"g" * 240}"'),
      "graph[0].name: 240 characters long; at most 100 (it goes into file names)"),
     ("version too long", f'[project]\nname = "demo"\nversion = "1{".0" * 40}"\n' + GOOD_GRAPH,
      "project.version: 81 characters long; at most 64 (it goes into file names)"),
@@ -102,7 +103,7 @@ CASES = [
      "graph[0].dims.batch.max: max equals min (4): a size that never changes is static; write 4 in the input shapes instead of 'batch'"),
     ("dim min zero", dims("{ min = 0, max = 8 }"), "graph[0].dims.batch.min: min must be at least 1, got 0"),
     ("dim unused", dims("{ max = 8 }, seq = { max = 4 }"), "graph[0].dims.seq: not used by any input shape"),
-    ("negative size", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["batch", -32]'), "graph[0].inputs[0].shape[1]: size -32 is negative"),
+    ("negative size", PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", -32]'), "graph[0].inputs[0].shape[1]: size -32 is negative"),
     ("multiple_of zero", dims("{ max = 8, multiple_of = 0 }"), "graph[0].dims.batch.multiple_of: multiple_of must be at least 1, got 0"),
     ("min not multiple", dims("{ min = 3, max = 16, multiple_of = 4 }"),
      "graph[0].dims.batch.min: min 3 is not a multiple of 4 (multiple_of); use 4"),
@@ -118,8 +119,7 @@ CASES = [
     ("specialize not multiple", dims("{ min = 4, max = 16, multiple_of = 4, specialize = [6] }"),
      "graph[0].dims.batch.specialize[0]: specialize[0] 6 is not a multiple of 4 (multiple_of); use 4 or 8"),
     ("specialize twice", dims("{ max = 8, specialize = [2, 2] }"), "graph[0].dims.batch.specialize[1]: size 2 is listed twice"),
-    ("too many variants", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["batch", "width"]').replace(
-        "{ min = 1, max = 8 }", "{ min = 1, max = 8, specialize = [1, 2, 3, 4, 5] }, width = { min = 1, max = 64, specialize = [8, 16, 32, 64] }"),
+    ("too many variants", PROJECT + edited(edited(GOOD_GRAPH, '["batch", 32]', '["batch", "width"]'), "{ min = 1, max = 8 }", "{ min = 1, max = 8, specialize = [1, 2, 3, 4, 5] }, width = { min = 1, max = 64, specialize = [8, 16, 32, 64] }"),
      "graph[0].dims: 5 (batch) x 4 (width) = 20 specialized variants; at most 16 per graph, each a compiled copy of the model: list fewer sizes"),
     ("example below 2", dims("{ max = 8, example = 1 }"),
      "graph[0].dims.batch.example: example 1 is below 2 (torch.export specializes sizes 0 and 1)"),
@@ -131,7 +131,7 @@ CASES = [
     ("example too big", dims("{ max = 1099511627776, example = 67108864 }"),
      "graph[0].dims.batch.example: the example inputs take 8 GiB (x: float32[batch=67108864, 32]), beyond the 4 GiB shimgen "
      "allocates to trace; set dims.batch.example to a smaller size: the package still takes every size up to max"),
-    ("static shape too big", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["batch", 1000000000]'),
+    ("static shape too big", PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", 1000000000]'),
      "graph[0].inputs[0].shape: the example inputs take 7.5 GiB (x: float32[batch=2, 1000000000]), beyond the 4 GiB shimgen "
      "allocates to trace, even with every dim at its smallest example; make the static sizes smaller"),
     ("atol nan", PROJECT + GOOD_GRAPH + "atol = nan\n", "graph[0].atol: expected a finite number, got nan"),
@@ -167,7 +167,7 @@ CASES = [
     ("kwargs the model rejects", PROJECT + GOOD_GRAPH + 'kwargs = { width = "wide" }\n',
      "graph[0].entry: calling 'models.mlp:mlp' with args/kwargs failed: TypeError: empty(): argument 'size' (position 1) must be "
      "tuple of ints, but found element of type str at pos 0 (at models/mlp.py:10)"),
-    ("inputs rejected", PROJECT + GOOD_GRAPH.replace('["batch", 32]', '["batch", 31]'),
+    ("inputs rejected", PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", 31]'),
      "graph[0].inputs: the model rejected the example inputs (x=(4, 31)): RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x31 and 32x32)"),
 ]
 
@@ -240,7 +240,7 @@ BIG = "100000000000000000000"
     (dims(f"{{ max = {BIG} }}"), "graph[0].dims.batch.max"),
     (dims(f"{{ max = 8, min = -{BIG} }}"), "graph[0].dims.batch.min"),
     (PROJECT + GOOD_GRAPH + f"seed = {BIG}\n", "graph[0].seed"),
-    (PROJECT + GOOD_GRAPH.replace('["batch", 32]', f'["batch", {BIG}]'), "graph[0].inputs[0].shape[1]"),
+    (PROJECT + edited(GOOD_GRAPH, '["batch", 32]', f'["batch", {BIG}]'), "graph[0].inputs[0].shape[1]"),
     (PROJECT + GOOD_GRAPH + f"kwargs = {{ width = {BIG} }}\n", "graph[0].kwargs.width"),
     (PROJECT + GOOD_GRAPH + f"args = [1, [2, -{BIG}]]\n", "graph[0].args[1][1]"),
     (PROJECT + GOOD_GRAPH + f"atol = {BIG}\n", "graph[0].atol"),
@@ -284,7 +284,7 @@ def test_model_that_exits(tmp_path: Path, workdir: Path, capsys: pytest.CaptureF
     """sys.exit in the project's code is not a successful build (it used to end shimgen with status 0)."""
     (workdir / "projects" / "exits.py").write_text("import sys\n\ndef model(x):\n    return x\n\nsys.exit(0)\n")
     spec = workdir / "projects" / "exits.toml"
-    spec.write_text(PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "exits:model"))
+    spec.write_text(PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "exits:model"))
     assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == f"shimgen: {spec}: graph[0].entry: cannot import 'exits': SystemExit: 0 (at exits.py:6)"
@@ -349,20 +349,20 @@ def _build_error(workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[st
 @pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="needs nvcc to list its archs")
 def test_arch_nvcc_cannot_target(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cuda = detect_cuda()
-    message = _build_error(workdir, tmp_path, capsys, CUDA_SPEC.replace("ARCH", "sm_20"))
+    message = _build_error(workdir, tmp_path, capsys, edited(CUDA_SPEC, "ARCH", "sm_20"))
     assert message == f"target[1].archs[0]: nvcc {cuda.version} ({cuda.nvcc}) cannot target sm_20; it can target {', '.join(cuda.codes)}"
 
 
 def test_nvcc_missing(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NVCC", str(tmp_path / "no-nvcc"))
-    message = _build_error(workdir, tmp_path, capsys, CUDA_SPEC.replace("ARCH", "sm_90"))
+    message = _build_error(workdir, tmp_path, capsys, edited(CUDA_SPEC, "ARCH", "sm_90"))
     assert message == f"target[1]: NVCC={tmp_path / 'no-nvcc'} is not an executable; point it at nvcc or unset it"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="needs nvcc, to get past the arch check")
 @pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch")
 def test_cuda_target_with_cpu_torch(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    message = _build_error(workdir, tmp_path, capsys, CUDA_SPEC.replace("ARCH", "sm_90"))
+    message = _build_error(workdir, tmp_path, capsys, edited(CUDA_SPEC, "ARCH", "sm_90"))
     torch_dir = Path(torch.__file__).parent
     assert message == f"target[1]: the installed torch at {torch_dir} has no CUDA support; cuda targets need a CUDA build of torch"
 
@@ -402,6 +402,6 @@ def test_python_op_outside_any_entry_is_refused_at_build(tmp_path: Path, workdir
     """The compiled graph calls such an op back in Python, so the package would have to import the model's own file:
     the build says to declare the module instead of leaving a package that fails on import."""
     (workdir / "projects" / "customop.py").write_text(CUSTOM_OP_MODEL)
-    message = _build_error(workdir, tmp_path, capsys, PROJECT + GOOD_GRAPH.replace("models.mlp:mlp", "customop:Scaled"))
+    message = _build_error(workdir, tmp_path, capsys, PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "customop:Scaled"))
     assert message == (f"graph[0]: the graph calls shimgen_test::scale, a Python custom op defined in {workdir / 'projects' / 'customop.py'}, "
                        "which the package would have to import when it loads: name its module in a [[custom_op]] entry (module = \"...\")")
