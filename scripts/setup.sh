@@ -25,7 +25,7 @@ pip+=(-c "$constraints")
 # on a CPU build of torch, which timm's models do not need).
 "${pip[@]}" "timm==1.0.29" "torchvision==$(torchvision_for "$TORCH_VERSION")"
 # The linter scripts/test.sh runs; pinned to a minor release, since new releases add findings.
-"${pip[@]}" "ruff>=0.17,<0.18"
+"${pip[@]}" "ruff>=0.17,<0.18" "mypy>=1.20,<2"
 # meson-python looks meson up on PATH unless told; the venv's is not on PATH (nothing is activated).
 MESON="$PWD/$VENV/bin/meson" NINJA="$PWD/$VENV/bin/ninja" "${pip[@]}" --no-build-isolation --no-deps --force-reinstall .
 echo "setup: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $("$VENV/bin/shimgen" --help >/dev/null && echo 'shimgen installed')"

@@ -12,8 +12,9 @@ if [ "$second" != none ]; then  # installing it is mostly unpacking: done meanwh
   second_setup=$!
 fi
 bash scripts/setup.sh
-# Lint first (configuration in pyproject.toml): any finding fails the run before the slow tests start.
+# Lint and type-check first (configuration in pyproject.toml): any finding fails the run before the slow tests start.
 .venv/bin/ruff check .
+.venv/bin/python -m mypy
 # Two workers on the machine's two cores; a test file stays on one worker, with its module's fixtures.
 workers=(-n "${TEST_WORKERS:-2}" --dist loadfile)
 (cd tests && ../.venv/bin/python -m pytest -q -ra --durations=15 "${workers[@]}" "$@")

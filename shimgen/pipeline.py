@@ -9,6 +9,7 @@ Outputs under <out>/build/<name>/: ops/ (the custom ops' Meson project and build
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -438,8 +439,8 @@ def _generate_all(job: Job) -> list[Unit]:
         for name, i, graph, target, sizes in pending:
             graph = variants.traced_graph(graph, sizes)
             key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
-            found = _cached(job, f"unit:trace:{name}", TraceResult, key, valid=lambda traced, key=key: trace.still_valid(traced, key),
-                            shared=lambda shared, key=key: _shared_trace(job, shared, key))
+            found = _cached(job, f"unit:trace:{name}", TraceResult, key, valid=functools.partial(trace.still_valid, key=key),
+                            shared=functools.partial(_shared_trace, job, key=key))
             if found is not None:
                 traced[name] = found
                 continue

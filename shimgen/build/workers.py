@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -94,7 +95,11 @@ def run_all(tasks: list[tuple[str, T]], work: Callable[..., Any], workers: int, 
             done(name, result, start, time.time())
     else:
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+        if sys.version_info >= (3, 11):
+            pool = ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1)
+        else:  # no fresh process per task before Python 3.11
+            pool = ProcessPoolExecutor(workers, mp_context=context)
+        with pool:
             futures: dict[Future[tuple[Any, float, float]], int] = {pool.submit(_timed, work, task): k for k, (_, task) in enumerate(tasks)}
             for future in as_completed(futures):
                 k = futures[future]

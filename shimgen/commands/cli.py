@@ -22,7 +22,7 @@ from shimgen.devices import device
 from shimgen.errors import BuildError, UserError
 from shimgen.files import exclusive
 from shimgen.package import merge
-from shimgen.pipeline import Layout, build
+from shimgen.pipeline import BuildOutput, Layout, build
 from shimgen.spec import load_spec
 from shimgen.spec.schema import json_schema, markdown_reference
 from shimgen.toolchain import probe
@@ -185,8 +185,8 @@ def _progress(stage: str, message: str) -> None:
         print(f"{clear}[{stage}] {message}", file=sys.stderr, flush=True)
 
 
-def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True, retune: bool = False,  # type: ignore[no-untyped-def]
-               verify: bool = True):
+def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True, retune: bool = False,
+               verify: bool = True) -> BuildOutput:
     return build(args.spec, args.out, force=force, use_cache=use_cache, progress=_progress, only=args.only, retune=retune,
                  cache_url=args.cache, verify=verify)
 
@@ -199,7 +199,7 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_summary(result) -> None:  # type: ignore[no-untyped-def]
+def _print_summary(result: BuildOutput) -> None:
     err = sys.stderr
     print(f"\nbuilt {result.name} ({', '.join(result.identifiers)}): {', '.join(result.graphs)}", file=err)
     print(f"  wheel:       {result.wheel}", file=err)

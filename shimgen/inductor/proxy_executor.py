@@ -128,7 +128,11 @@ class _Flat:
 
 def _serialized_literal(kind: str, value: Any, target: str, name: str) -> Markup:
     """A constant Inductor serialized into the JSON, as an IValue expression."""
-    from torch._export.serde.serialize import _SERIALIZE_TO_TORCH_DTYPE, _SERIALIZE_TO_TORCH_LAYOUT, _SERIALIZE_TO_TORCH_MEMORY_FORMAT
+    from torch._export.serde.serialize import (
+        _SERIALIZE_TO_TORCH_DTYPE,
+        _SERIALIZE_TO_TORCH_LAYOUT,
+        _SERIALIZE_TO_TORCH_MEMORY_FORMAT,
+    )
 
     if kind == "as_float":
         return Markup(f"c10::IValue({_double(value)})")

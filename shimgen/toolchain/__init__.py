@@ -155,7 +155,7 @@ def _find_ninja() -> str:
     """The ninja installed with this Python (the ninja package), else the one on PATH."""
     path = _beside_python("ninja")
     if path is None and importlib.util.find_spec("ninja") is not None:
-        import ninja  # type: ignore[import-not-found]
+        import ninja
 
         path = str(Path(ninja.BIN_DIR) / "ninja")
     path = path or shutil.which("ninja")
