@@ -40,16 +40,23 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// An array of n elements on the stack where n <= N (every graph but the largest), else on the heap.
+// An array of n value-initialized elements on the stack where n <= N (every graph but the largest), else on the heap.
+// The per-call scratch of both faces: a call allocates nothing for it, and initializes only the n elements it uses.
 template <class T, size_t N = 16>
 class SmallArray {
  public:
-  explicit SmallArray(size_t n) : heap_(n > N ? new T[n]() : nullptr), data_(heap_ ? heap_.get() : inline_) {}
+  explicit SmallArray(size_t n) : heap_(n > N ? new T[n]() : nullptr), data_(heap_ ? heap_.get() : inline_) {
+    if (!heap_) {
+      for (size_t i = 0; i < n; ++i) inline_[i] = T();
+    }
+  }
+  SmallArray(const SmallArray&) = delete;
+  SmallArray& operator=(const SmallArray&) = delete;
   T* data() { return data_; }
   T& operator[](size_t i) { return data_[i]; }
 
  private:
-  T inline_[N] = {};
+  T inline_[N];
   std::unique_ptr<T[]> heap_;
   T* data_;
 };

@@ -366,7 +366,7 @@ PyObject* run(PyGraph& g, PyObject* const* args, Py_ssize_t nargs, PyObject* kwn
   SmallArray<int64_t> dim_values(spec.num_dims);
   if (!bind_and_check(g, args, nargs, kwnames, tensors.data(), dim_values.data())) return nullptr;
   Model& model = g.core.prepare(tensors.data(), dim_values.data());
-  SmallArray<at::TensorBase, 8> outputs(spec.num_outputs);
+  SmallArray<at::TensorBase, 4> outputs(spec.num_outputs);
   std::exception_ptr error;
   Py_BEGIN_ALLOW_THREADS
   try {
