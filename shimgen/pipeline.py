@@ -149,11 +149,9 @@ class Layout:
 
 @dataclass(frozen=True, kw_only=True)
 class Tools:
-    """The proved toolchain with the runtime library its probe built, the CUDA half where a target
-    needs it, and the compiler cache."""
+    """The proved toolchain, the CUDA half where a target needs it, and the compiler cache."""
 
     tc: Toolchain
-    runtime_lib: Path
     cuda: CudaToolchain | None
     torch_cuda: str | None  # the CUDA torch was built with, where a target is cuda
     launcher: str | None
@@ -310,7 +308,7 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
             prebuilts: dict[str, Prebuilt] = {t.device: prebuilt.ensure(built.tc, t, [u for u in units if u.target is t], spec.flags,
                                                    lambda msg: report("prebuilt", msg)) for t in spec.target}
         with timeline.stage("render"):
-            project = render.render_project(spec, version, layout.spec_path.name, built.tc, built.runtime_lib, built.cuda, units,
+            project = render.render_project(spec, version, layout.spec_path.name, built.tc, built.cuda, units,
                                              prebuilts, ops, layout.project)
         with timeline.stage("compile"):
             compiled = meson.build(layout.project, layout.meson, built.tc, f"the package '{spec.project.name}'", built.launcher,
@@ -388,7 +386,7 @@ def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
     for failed in verdicts[:-1]:
         report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
     cuda = _cuda_toolchain(spec)
-    return Tools(tc=tc, runtime_lib=Path(verdicts[-1].runtime_lib), cuda=cuda, torch_cuda=torch_cuda_version() if cuda else None,
+    return Tools(tc=tc, cuda=cuda, torch_cuda=torch_cuda_version() if cuda else None,
                  launcher=toolchain.compiler_cache() if use_cache else None)
 
 

@@ -26,7 +26,7 @@ from shimgen.trace import variants
 TEMPLATES = Path(__file__).parent / "templates"
 RUNTIME = Path(__file__).parents[1] / "runtime"  # shipped or compiled as they are
 TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meson project shimgen writes
-PROBE_FILES = ("probe.cpp", "check_probe.py", "shimgen_runtime.cpp", "shimgen_runtime.h")  # under RUNTIME
+PROBE_FILES = ("probe.cpp", "check_probe.py", "shimgen_runtime.cpp", "shimgen_runtime.h", "shimgen_handles.h")  # under RUNTIME
 # What __init__.py is rendered from, shipped beside it as BUILD_MANIFEST for `shimgen merge`.
 INIT_CONTEXT = ("name", "version", "description", "spec_file", "target_ids", "torch_version", "targets", "units", "graphs", "op_libraries",
                 "op_modules", "docstrings", "freezing")
@@ -52,6 +52,38 @@ def render_probe(tc: Toolchain, out: Path) -> None:
     write_if_changed(out / "meson.build", env.get_template("probe/meson.build.j2").render(tc=tc, path_maps=path_maps(tc)))
     for name in PROBE_FILES:
         write_if_changed(out / name, (RUNTIME / name).read_bytes())
+
+
+# shimgen/runtime's sources of the runtime library (runtime_lib.py), and those a generated project compiles against.
+RUNTIME_LIBRARY = ("shimgen_core.cpp", "shimgen_python.cpp", "shimgen_runtime.cpp", "shimgen_core.h", "shimgen_graph.h", "shimgen_handles.h",
+                   "shimgen_model_api.h", "shimgen_python.h", "shimgen_runtime.h", "shimgen_state.h", "shimgen_tree.h", "shimgen_variants.h",
+                   "shimgen_weights.h", "shimgen_cuda_graph.h")
+RUNTIME_TESTS = ("tests/runtime_tests.cpp",)
+PROJECT_HEADERS = ("shimgen_graph.h", "shimgen_python.h", "shimgen_model_api.h", "shimgen_variants.h", "shimgen_weights.h",
+                   "shimgen_model_constants.h")
+
+
+def runtime_sources(tests: bool) -> list[tuple[str, bytes]]:
+    """(name, content) of the runtime library's Meson project: its sources, and its template."""
+    names = RUNTIME_LIBRARY + (RUNTIME_TESTS if tests else ())
+    return [(name, (RUNTIME / name).read_bytes()) for name in names] + [
+        ("meson.build.j2", (TEMPLATES / "runtime" / "meson.build.j2").read_bytes()),
+        ("torch_dependency.meson.j2", (TEMPLATES / TORCH_DEPENDENCY).read_bytes())]
+
+
+def render_runtime(tc: Toolchain, device: str, out: Path, tests: bool = False) -> None:
+    """The runtime library's Meson project for `device` (with `tests`, its unit tests too) into `out`."""
+    cuda_includes: list[str] = []
+    if device == "cuda":
+        from shimgen.toolchain.cuda import detect_cuda
+
+        cuda_includes = detect_cuda().include_dirs
+    context = {"tc": tc, "device": device, "cuda": device == "cuda", "cuda_includes": cuda_includes, "tests": tests,
+               "path_maps": path_maps(tc)}
+    write_if_changed(out / "meson.build", _env().get_template("runtime/meson.build.j2").render(context))
+    for name, content in runtime_sources(tests):
+        if not name.endswith(".j2"):
+            write_if_changed(out / name, content)
 
 
 def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, out: Path) -> None:
@@ -93,10 +125,11 @@ def render_ops(spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolc
 
 
 def render_project(
-    spec: ProjectSpec, version: str, spec_file: str, tc: Toolchain, runtime_lib: Path, cuda: CudaToolchain | None, units: list[Unit],
+    spec: ProjectSpec, version: str, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, units: list[Unit],
     prebuilt: dict[str, Prebuilt], ops: CustomOps | None, out: Path,
 ) -> RenderedProject:
-    """Write the generated Meson project into `out`; the package's `version` holds its local label."""
+    """Write the generated Meson project into `out`; the package's `version` holds its local label. Each graph links
+    the runtime library of its device from `prebuilt`."""
     env = _env()
     name = spec.project.name
     files: dict[Path, str | bytes] = {}
@@ -152,6 +185,7 @@ def render_project(
             "archs": t.archs,
             "inductor_args": next(u.code.compile_args for u in units if u.target is t),
             "interface_lib": str(built.interface_lib),
+            "runtime_libs": [str(p) for p in built.runtime_libs],
             "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
             "kernel_pch_args": ["-include", str(built.kernel_pch), "-Winvalid-pch"] if built.kernel_pch else [],
         })
@@ -163,7 +197,6 @@ def render_project(
         "target_ids": target_ids,
         "tc": tc,
         "path_maps": path_maps(tc),
-        "runtime_lib": str(runtime_lib),
         "cuda": cuda,
         "torch_version": tc.torch_version,
         "python_version": tc.python_version,
@@ -190,10 +223,7 @@ def render_project(
     files[out / name / "__init__.py"] = render_init(package)
     files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"
     files[out / name / "_shimgen_weights.py"] = (RUNTIME / "_shimgen_weights.py").read_text()
-    runtime = ["shimgen_runtime.h", "shimgen_weights.h", "shimgen_model_constants.h", "shimgen_model_api.h", "shimgen_variants.h",
-               "shimgen_state.h"]
-    runtime += (["embed_kernel.py"] if cuda else []) + (["shimgen_cuda_graph.h"] if spec.flags.cuda_graphs else [])
-    for runtime_file in runtime:
+    for runtime_file in PROJECT_HEADERS + (("embed_kernel.py",) if cuda else ()):
         files[out / "src" / runtime_file] = (RUNTIME / runtime_file).read_text()
     for path, content in files.items():
         write_if_changed(path, content)
@@ -252,16 +282,12 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "module": f"_{u.name}",
         "target_ids": target_ids,
         "device": u.target.device,
-        "device_type": "CPU" if u.target.device == "cpu" else "CUDA",
         "inputs": inputs,
         "num_positional": sum(1 for inp in graph.inputs if not inp.keyword),
-        "max_rank": max(1, max(len(inp.shape) for inp in graph.inputs)),
         "dims": [{"name": n, "min": d.min, "max": d.max, "multiple_of": d.multiple_of} for n, d in graph.dims.items()],
         "out_nodes": _out_node_table(u.code.out_nodes),
         "out_objects": _out_object_table(u.code.out_nodes),
-        "max_object_args": max([1] + [n.arity + len(n.type.dropped) for n in u.code.out_nodes if n.type]),
         "num_outputs": u.code.num_outputs,
-        "dtypes": [{"scalar_type": scalar, "name": f"torch.{dtype}"} for dtype, scalar in SCALAR_TYPES.items()],
         "instances": spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
         "has_last_error": tc.has_last_error,

@@ -1,6 +1,7 @@
 """Prebuilt stage: what every project with the same toolchain and flags shares, built once with
 Meson into the per-user cache: the precompiled headers (Meson's PCH support) and the AOTInductor
-runtime interface, whose source Inductor emits identically for every graph of a target."""
+runtime interface, whose source Inductor emits identically for every graph of a target; and, beside them, shimgen's
+runtime library for the target's device (runtime_lib.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from shimgen.files import exclusive, shimgen_fingerprint
 from shimgen.project import render
 from shimgen.results import Prebuilt, Unit
 from shimgen.spec import Flags, Target
-from shimgen.toolchain import Toolchain, cache_dir
+from shimgen.toolchain import Toolchain, cache_dir, runtime_lib
 
 
 def ensure(tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiting: Callable[[str], None] | None = None) -> Prebuilt:
@@ -33,8 +34,9 @@ def ensure(tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiti
         if not (root / "done").is_file():
             _build(tc, target.device, compile_args, flags, interface, root)
     built = root / "build"
+    runtime = runtime_lib.ensure(tc, target.device, waiting)  # shared by every flag set
     return Prebuilt(key=key, interface_lib=built / "libaoti_interface.a", wrapper_pch=_pch(built, "wrapper") if flags.pch else None,
-                    kernel_pch=_pch(built, "kernel") if flags.pch else None)
+                    kernel_pch=_pch(built, "kernel") if flags.pch else None, runtime_libs=tuple(runtime.link_order))
 
 
 def _build(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, root: Path) -> None:

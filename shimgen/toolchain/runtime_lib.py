@@ -1,0 +1,48 @@
+"""shimgen's runtime library (shimgen/runtime): built once per toolchain and device with Meson into the per-user cache,
+beside the prebuilt pieces, and linked into every graph's extension of that device. Its key holds the toolchain, the
+device and shimgen's fingerprint."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from shimgen.build.meson import build
+from shimgen.files import exclusive, shimgen_fingerprint, stage_key
+from shimgen.project import render
+from shimgen.toolchain import Toolchain, cache_dir
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeLibrary:
+    key: str
+    core: Path    # libshimgen_core.a: the runtime over at::Tensor, no Python
+    python: Path  # libshimgen_python.a: the CPython face over the core
+
+    @property
+    def link_order(self) -> list[Path]:
+        """The extension's link order: the CPython face, then the core it calls."""
+        return [self.python, self.core]
+
+
+def key(tc: Toolchain, device: str) -> str:
+    return stage_key(tc.key, device, shimgen_fingerprint())[:16]
+
+
+def ensure(tc: Toolchain, device: str, waiting: Callable[[str], None] | None = None) -> RuntimeLibrary:
+    """The runtime library for `device`, built where the per-user cache lacks it."""
+    lib_key = key(tc, device)
+    root = cache_dir().parent / "runtime" / lib_key
+    with exclusive(root.with_name(f"{lib_key}.lock"), waiting):
+        if not (root / "done").is_file():
+            shutil.rmtree(root, ignore_errors=True)  # what an interrupted build left
+            staging = root.with_name(root.name + ".new")
+            shutil.rmtree(staging, ignore_errors=True)
+            render.render_runtime(tc, device, staging / "src")
+            build(staging / "src", staging / "build", tc, f"shimgen's runtime library for {device}")
+            (staging / "done").write_text("")
+            staging.replace(root)
+    built = root / "build"
+    return RuntimeLibrary(key=lib_key, core=built / "libshimgen_core.a", python=built / "libshimgen_python.a")

@@ -1,0 +1,36 @@
+"""shimgen's runtime library (shimgen/runtime) builds with warnings as errors, and its C++ unit tests pass: configured,
+built and run with Meson (`meson test`) against the installed torch, with the compiler the toolchain probe proves."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shimgen.build.meson import build
+from shimgen.project import render
+from shimgen.toolchain import probe
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    tc, _ = probe.select()
+    root = tmp_path_factory.mktemp("runtime_cpp")
+    render.render_runtime(tc, "cpu", root / "src", tests=True)
+    build(root / "src", root / "build", tc, "the runtime's unit tests")
+    return root / "build", tc
+
+
+def test_runtime_unit_tests_pass(built: tuple[Path, object]) -> None:
+    build_dir, tc = built
+    result = subprocess.run([tc.meson, "test", "-C", str(build_dir), "--print-errorlogs"], capture_output=True, text=True, env=tc.env())
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = (build_dir / "meson-logs" / "testlog.txt").read_text()
+    for name in ("checks", "dims_bind_across_inputs", "dispatch", "output_tree", "output_tree_failure", "cpp_face_errors"):
+        assert f"ok {name}" in log, log
+
+
+def test_runtime_library_is_built(built: tuple[Path, object]) -> None:
+    build_dir, _ = built
+    assert (build_dir / "libshimgen_core.a").is_file() and (build_dir / "libshimgen_python.a").is_file()
