@@ -175,6 +175,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     # kernel_choice.py
     Requirement("Inductor's AlgorithmSelectorCache.log_results", CODEGEN,
                 _attribute(f"{_INDUCTOR}.select_algorithm", "AlgorithmSelectorCache.log_results", ("name", "input_nodes", "timings"), static=True)),
+    Requirement("Inductor's ChoiceCaller.hash_key (the lockfile's key of a candidate)", CODEGEN,
+                _attribute(f"{_INDUCTOR}.ir", "ChoiceCaller.hash_key", ("self",), exact=True)),
     Requirement("Inductor's ExternKernelCaller", CODEGEN, _attribute(f"{_INDUCTOR}.select_algorithm", "ExternKernelCaller")),
     Requirement("Inductor's PersistentCache.lookup", CODEGEN,
                 _attribute(f"{_INDUCTOR}.codecache", "PersistentCache.lookup", ("self", "choices", "op", "inputs", "benchmark", "hint_override"),
