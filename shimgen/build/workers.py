@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shimgen.errors import SpecError, SpecErrors, UserError
-from shimgen.inductor import codegen
+from shimgen.inductor import codegen, compat
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import CodegenResult, CustomOps, TraceResult
 from shimgen.spec import Flags, Graph, Target
@@ -53,10 +53,13 @@ class CodegenTask:
 
 
 def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
+    compat.check(compat.TRACE)
     return trace.trace(task.graph, task.where, task.spec_dir, task.device, task.program_file, task.key, ops)
 
 
 def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResult:
+    compat.check(compat.TRACE)
+    compat.check(compat.CODEGEN)
     try:
         return codegen.generate(task.traced, task.target, task.flags, task.cxx, task.out_dir, task.key, ops, task.locked, task.retune)
     except SpecError:

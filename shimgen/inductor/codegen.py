@@ -32,7 +32,7 @@ from unittest import mock
 
 from shimgen.errors import UserError
 from shimgen.files import replace_dir, shimgen_fingerprint, stage_key
-from shimgen.inductor import kernel_choice, openmp, proxy_executor, user_triton, weights
+from shimgen.inductor import compat, kernel_choice, openmp, proxy_executor, user_triton, weights
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import CodegenResult, CustomOps, TraceResult
 from shimgen.spec import Flags, Target
@@ -48,6 +48,15 @@ ISA_FLAGS = {
     "avx2": (256, ["-march=x86-64-v3"], "CPU_CAPABILITY_AVX2"),
     "default": (1, ["-march=x86-64"], None),
 }
+# Every Inductor config key shimgen sets (inductor_configs, kernel_choice.recorded): compat checks that this torch has them.
+CONFIG_KEYS = (
+    "aot_inductor.package_cpp_only", "aot_inductor.precompile_headers", "aot_inductor.package_constants_in_so",
+    "aot_inductor.package_constants_on_disk_format", "aot_inductor.embed_kernel_binary", "aot_inductor.emit_multi_arch_kernel",
+    "cpp.vec_isa_ok", "cpp.cxx", "cpp.weight_prepack", "cpp.dynamic_threads", "cpp.threads", "cpp.simdlen",
+    "freezing", "max_autotune", "max_autotune_gemm", "max_autotune_gemm_backends", "max_autotune_conv_backends",
+    "triton.unique_user_kernel_names", "triton.enable_persistent_tma_matmul", "test_configs.autotune_choice_name_regex",
+    "trace.log_autotuning_results",
+)
 
 
 def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> dict[str, Any]:
@@ -194,7 +203,7 @@ def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> tup
     """The PTX files and Triton sources written, by file name."""
     wanted = set(re.findall(r"loadKernel\(__(\w+)_start,", model))
     if wanted - set(ptx):
-        raise UserError(f"Inductor left no PTX for kernels {', '.join(sorted(wanted - set(ptx)))}; this torch version is not supported")
+        raise compat.changed(f"Inductor left no PTX for kernels {', '.join(sorted(wanted - set(ptx)))}")
     for name in sorted(wanted):
         (out_dir / f"{name}.ptx").write_bytes(ptx[name])
     (out_dir / "triton").mkdir()
@@ -300,7 +309,7 @@ def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
                     found[suffix] = zf.read(name)
     missing = {".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o"} - set(found)
     if missing:
-        raise UserError(f"Inductor's output lacks {', '.join(sorted(missing))}; this torch version is not supported")
+        raise compat.changed(f"Inductor's package layout changed (its output lacks {', '.join(sorted(missing))})")
     return found, ptx
 
 
@@ -312,7 +321,7 @@ def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
     text = re.sub(r" at 0x[0-9a-f]+>", ">", text)
     end = text.find(INTERFACE_END)
     if end < 0:
-        raise UserError("Inductor's wrapper has no runtime interface block; this torch version is not supported")
+        raise compat.changed("Inductor's wrapper.cpp changed (no runtime interface block ending in '} // extern \"C\"')")
     end += len(INTERFACE_END)
     interface, rest = text[:end], text[end:]
     includes = "".join(line + "\n" for line in interface.splitlines() if line.startswith("#include"))

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import re
 
+from shimgen.errors import UserError
+from shimgen.inductor import compat
+
 # Only regions whose team is the caller's (no num_threads clause: codegen sets cpp.dynamic_threads), or one thread
 # where their `if` clause is false; a region with a fixed team size may keep per-thread state that a serial run
 # would leave unset.
@@ -47,14 +50,28 @@ def gemm_threads_from_caller(source: str) -> str:
         # A template made for one thread (the BMM template's per-batch GEMM) has no partitions to share.
         if end is None or count < 2 or "mm_get_thread_blocking(num_threads," not in body:
             continue
-        body = body.replace(f"tid < {count}; tid++)", "tid < num_threads; tid++)")
-        body = body.replace(f"Kt_blocks * {count} >=", "Kt_blocks * num_threads >=")
-        body = body.replace("mm_get_thread_blocking(num_threads,",
-                            f"if (M * N * K < {SERIAL_GEMM_WORK}) num_threads = 1;\n    mm_get_thread_blocking(num_threads,", 1)
-        body = _BARE_REGION.sub(r"\1#pragma omp parallel if(num_threads > 1)\n", body)
+        # Every edit must apply: partitions left at the build machine's count while the blocking follows the caller's
+        # team would leave some of the GEMM uncomputed.
+        body = _replaced(body, f"tid < {count}; tid++)", "tid < num_threads; tid++)")
+        body = _replaced(body, f"Kt_blocks * {count} >=", "Kt_blocks * num_threads >=")
+        body = _replaced(body, "mm_get_thread_blocking(num_threads,",
+                         f"if (M * N * K < {SERIAL_GEMM_WORK}) num_threads = 1;\n    mm_get_thread_blocking(num_threads,", 1)
+        body, regions = _BARE_REGION.subn(r"\1#pragma omp parallel if(num_threads > 1)\n", body)
+        if not regions:
+            raise _template_changed("#pragma omp parallel")
         out += [source[pos : found.start()], "int64_t num_threads = omp_get_max_threads();", body]
         pos = end
     return "".join(out) + source[pos:]
+
+
+def _replaced(text: str, old: str, new: str, count: int = -1) -> str:
+    if old not in text:
+        raise _template_changed(old)
+    return text.replace(old, new, count)
+
+
+def _template_changed(text: str) -> UserError:
+    return compat.changed(f"Inductor's C++ GEMM template changed (a GEMM whose blocking is computed at run time has no {text!r})")
 
 
 def serial_fast_paths(source: str) -> str:

@@ -35,12 +35,12 @@ def guarded() -> Iterator[None]:
     source = "user_defined_triton_kernel_transitive_closure_source_code"
     hopifier = triton_kernel_wrap.TracingTritonHOPifier
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(wrapper, source, _embeddable(getattr(wrapper, source), _doubles_backslashes(wrapper))))
+        stack.enter_context(mock.patch.object(wrapper, source, _embeddable(getattr(wrapper, source), doubles_backslashes(wrapper))))
         stack.enter_context(mock.patch.object(hopifier, "call_HOP", _refusing_hidden_tensors(hopifier.call_HOP)))
         yield
 
 
-def _doubles_backslashes(wrapper: Any) -> bool:
+def doubles_backslashes(wrapper: Any) -> bool:
     """Whether this torch escapes backslashes in user kernel sources itself (pytorch#183433, torch 2.13)."""
     if hasattr(wrapper, "_escape_triton_kernel_source_for_wrapper"):
         return True
@@ -58,7 +58,8 @@ def _embeddable(original: Any, torch_doubles_backslashes: bool) -> Any:
 
 
 def _refusing_hidden_tensors(original: Any) -> Any:
-    def call_hop(self: Any, variable: Any, grids: Any, combined_args: dict[str, Any], tx: Any) -> Any:
+    # torch 2.14 added parameters after combined_args (launch_kwargs, kernel_arg_names): passed on as they come.
+    def call_hop(self: Any, variable: Any, grids: Any, combined_args: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         hidden = [name for name, value in combined_args.items() if _hides_tensor(value)]
         if hidden:
             raise UserKernelError(
@@ -66,7 +67,7 @@ def _refusing_hidden_tensors(original: Any) -> Any:
                 "hold tensors the graph cannot see (host-side TensorDescriptor.from_tensor); this torch's AOTInductor compiles such a "
                 "kernel to wrong results (pytorch#155879). Pass the tensors and build the descriptors in the kernel "
                 "(tl.make_tensor_descriptor), or use flags.tma for Inductor's own TMA GEMMs")
-        return original(self, variable, grids, combined_args, tx)
+        return original(self, variable, grids, combined_args, *args, **kwargs)
 
     return call_hop
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shimgen.errors import UserError
 from shimgen.files import write_if_changed
+from shimgen.inductor import compat
 
 ALIGN = 64
 WEIGHT_PREFIX = "model."  # of the program's weight names: trace makes the model its adapter's submodule `model`
@@ -111,8 +111,8 @@ def write_from_blob(constants: list[Constant], blob: bytes, out: Path) -> None:
     """The safetensors file of the constants Inductor serialized into `blob`."""
     stored = [c for c in constants if not c.from_folded]
     if sum(c.data_size for c in stored) != len(blob):
-        raise UserError(f"Inductor's weights blob holds {len(blob)} bytes, its model's constants {sum(c.data_size for c in stored)}; "
-                        "this torch version is not supported")
+        raise compat.changed(f"Inductor's weights blob changed (it holds {len(blob)} bytes, its model's constants "
+                             f"{sum(c.data_size for c in stored)})")
     data, start = {}, 0
     for c in stored:
         data[c.name] = blob[start:start + c.nbytes]

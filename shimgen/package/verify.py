@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from shimgen.devices import device
+from shimgen.inductor import compat, internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
 from shimgen.spec import Graph
 from shimgen.trace.entry import call_model, example_sizes, make_inputs
@@ -104,6 +105,7 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
 
     import torch
 
+    compat.check(compat.TRACE)
     for module in plan.op_modules:
         importlib.import_module(module)
     loaded: dict[Path, Any] = {}
@@ -161,9 +163,8 @@ def _run_with_state(program: Any, inputs: list[Any], names: tuple[str, ...], sta
 def _difference(graph: Graph, want: Any, got: Any) -> str:
     """How the package's output differs from the program's flat tensors; empty where it does not."""
     import torch
-    import torch.utils._pytree as pytree
 
-    got_leaves = [leaf for leaf in pytree.tree_leaves(got) if isinstance(leaf, torch.Tensor)]
+    got_leaves = internals.tensor_leaves(got)
     want_leaves = list(want)
     if len(got_leaves) != len(want_leaves):
         return f"the package returns {len(got_leaves)} tensors, the traced program {len(want_leaves)}"

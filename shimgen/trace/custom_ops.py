@@ -18,6 +18,7 @@ from pathlib import Path
 from shimgen.build import meson
 from shimgen.errors import SpecError, UserError
 from shimgen.files import file_hash, stage_key
+from shimgen.inductor import compat, internals
 from shimgen.project import render
 from shimgen.results import CustomOps, DefinedOp
 from shimgen.spec import ProjectSpec
@@ -40,8 +41,7 @@ def prepare(spec: ProjectSpec, spec_dir: Path, spec_file: str, root: Path, tc: T
         names = render.render_ops(spec, spec_file, tc, cuda, sources, project)
         meson.build(project, build_dir, tc, "the custom ops", launcher, report)
         libraries = {i: meson.target_file(build_dir, name) for i, name in names.items()}
-    import torch
-
+    compat.check(compat.TRACE)
     defined: list[DefinedOp] = []
     fakes: list[tuple[str, str]] = []
     for i, op in enumerate(spec.custom_op):
@@ -53,7 +53,7 @@ def prepare(spec: ProjectSpec, spec_dir: Path, spec_file: str, root: Path, tc: T
             if not new:
                 raise SpecError("", f"{where}.sources", "the sources register no op (define them with TORCH_LIBRARY(ns, m) { m.def(...); })")
             for name in sorted(new):
-                meta = any(torch._C._dispatch_has_kernel_for_dispatch_key(name, k) for k in ("Meta", "CompositeImplicitAutograd"))
+                meta = any(internals.has_kernel(name, k) for k in ("Meta", "CompositeImplicitAutograd"))
                 defined.append(DefinedOp(name=name, entry=i, module=None))
                 if meta:  # the trace takes its shapes from C++
                     fakes += [(str(p), file_hash(p)) for p in sources[i]]
@@ -62,7 +62,7 @@ def prepare(spec: ProjectSpec, spec_dir: Path, spec_file: str, root: Path, tc: T
             files = _import(op.module, spec_dir, where)
             fakes += [(str(p), file_hash(p)) for p in sorted(files)]
             defined += [DefinedOp(name=name, entry=i, module=op.module) for name in sorted(_schemas() - before)]
-    schemas = sorted(str(torch._C._get_schema(*_split(d.name))) for d in defined)
+    schemas = sorted(str(internals.op_schema(d.name)) for d in defined)
     return CustomOps(key=stage_key(schemas, sorted(set(fakes))), libraries=tuple(libraries[i] for i in sorted(libraries)), ops=tuple(defined))
 
 
@@ -74,15 +74,7 @@ def _source(spec_dir: Path, source: str, where: str) -> Path:
 
 
 def _schemas() -> set[str]:
-    """Every registered op, as 'ns::name' or 'ns::name.overload'."""
-    import torch
-
-    return {s.name + (f".{s.overload_name}" if s.overload_name else "") for s in torch._C._jit_get_all_schemas()}
-
-
-def _split(name: str) -> tuple[str, str]:
-    op, _, overload = name.partition(".")
-    return op, overload
+    return internals.registered_ops()
 
 
 def load_library(library: Path, where: str) -> None:
@@ -133,16 +125,13 @@ def run_time_modules(called: list[str], ops: CustomOps | None) -> tuple[str, ...
     """The Python modules a graph calling `called` (extern node targets) needs imported when the package loads:
     an entry's module for its ops, the installed package of a namespace such as torchvision's; an entry's library
     ops need none (the package loads the library). A Python op defined anywhere else is refused."""
-    from torch._library.custom_ops import OPDEFS
-
     by_name = {d.name: d for d in ops.ops} if ops else {}
     modules: list[str] = []
     for target in called:
         defined = by_name.get(target)
         if defined is not None:
             module = defined.module
-        elif target in OPDEFS:
-            where = OPDEFS[target]._init_fn.__code__.co_filename
+        elif (where := internals.python_custom_op_file(target)) is not None:
             raise UserError(f"the graph calls {target}, a Python custom op defined in {where}, which the package would have to import "
                             "when it loads: name its module in a [[custom_op]] entry (module = \"...\")")
         else:

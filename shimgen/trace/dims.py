@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from shimgen.errors import SpecError
+from shimgen.inductor import internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
 from shimgen.spec import Graph
 from shimgen.trace.entry import call_model, make_inputs
@@ -43,12 +44,11 @@ def export_dims(graph: Graph) -> dict[str, Any]:
 def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
     """torch.export.export with the spec's dynamic dims, each range held whole (backed size-oblivious)."""
     import torch
-    import torch.fx.experimental._config as fx_config
 
     dims = export_dims(graph)
     dynamic = tuple({k: dims[s] for k, s in enumerate(inp.shape) if isinstance(s, str)} for inp in graph.inputs)
     try:
-        with fx_config.patch(backed_size_oblivious=True):
+        with internals.backed_size_oblivious():
             return torch.export.export(module, tuple(inputs), dynamic_shapes=(dynamic,))
     except Exception as exc:
         raise _spec_error(exc, graph, where) from None
@@ -169,7 +169,6 @@ def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: s
     Sizes 0 and 1 are where tracing has to assume the most (broadcasting, squeezes); a model that
     computes something else there must fail the build, not answer wrongly at run time."""
     import torch
-    import torch.utils._pytree as pytree
 
     if not graph.dims:
         return
@@ -178,10 +177,10 @@ def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: s
     label = ", ".join(f"{name}={size}" for name, size in sizes.items())
     with torch.no_grad():
         model_initial.restore()
-        want = [leaf for leaf in pytree.tree_leaves(call_model(model, graph, inputs)) if isinstance(leaf, torch.Tensor)]
+        want = internals.tensor_leaves(call_model(model, graph, inputs))
         program_initial.restore()
         try:
-            got = pytree.tree_leaves(program.module()(*inputs))
+            got = internals.tree_leaves(program.module()(*inputs))
         except Exception as exc:
             guard = _GUARD_FAILED.search(str(exc))
             condition = _readable(guard[1], graph) if guard else ""

@@ -18,7 +18,7 @@ from typing import Any
 
 from shimgen.errors import SpecError
 from shimgen.files import file_hash, shimgen_fingerprint, stage_key
-from shimgen.inductor import weights
+from shimgen.inductor import internals, weights
 from shimgen.results import (
     DICT,
     KEYWORD,
@@ -213,7 +213,7 @@ def writes_into(node: Any) -> bool:
     """Whether an op writes into the graph node's tensor: an argument its schema marks as written, on the tensor or on a
     view of it."""
     for user in node.users:
-        schema = getattr(user.target, "_schema", None)
+        schema = internals.node_schema(user.target)
         if schema is None:
             continue
         for argument, value in zip(schema.arguments, user.args, strict=False):
@@ -228,9 +228,7 @@ def writes_into(node: Any) -> bool:
 
 def structure_key(program: Any) -> str:
     """The program without the values of its weights: its graph, signature and tensor metadata."""
-    from torch._export.serde.serialize import serialize
-
-    return stage_key(serialize(program).exported_program.decode())
+    return stage_key(internals.serialized_program(program))
 
 
 def weights_key(program: Any) -> str:
@@ -266,10 +264,7 @@ def _spec_order_module(model: Callable[..., Any], graph: Graph) -> Any:
 
 def output_tensors(output: Any) -> tuple[Any, ...]:
     """The output's tensors in pytree order: what the compiled model returns, flat."""
-    import torch
-    import torch.utils._pytree as pytree
-
-    return tuple(leaf for leaf in pytree.tree_leaves(output) if isinstance(leaf, torch.Tensor))
+    return tuple(internals.tensor_leaves(output))
 
 
 def _out_nodes(output: Any, spec_dir: Path, where: str) -> list[OutNode]:
@@ -333,16 +328,13 @@ def _short(value: Any) -> str:
 
 def node_parts(value: Any) -> tuple[list[Any], list[str] | None] | None:
     """A pytree node's children and, where the node names them, their names; None for a leaf."""
-    import torch.utils._pytree as pytree
-
-    node = pytree.SUPPORTED_NODES.get(pytree._get_node_type(value))
+    node = internals.pytree_node(value)
     if node is None:
         return None
-    children, _ = node.flatten_fn(value)
+    children, _ = node.flatten(value)
     names: list[Any] = []
-    if node.flatten_with_keys_fn is not None:
-        for entry, _ in node.flatten_with_keys_fn(value)[0]:
-            names.append(entry.name if isinstance(entry, pytree.GetAttrKey) else entry.key if isinstance(entry, pytree.MappingKey) else None)
+    if node.flatten_with_keys is not None:
+        names = [internals.key_name(entry) for entry, _ in node.flatten_with_keys(value)[0]]
     if not _unique_strings(names, len(children)) and isinstance(value, tuple):
         names = list(getattr(type(value), "_fields", None) or getattr(type(value), "__match_args__", ()))  # structseq
     return children, (names if _unique_strings(names, len(children)) else None)
@@ -374,21 +366,21 @@ def describe_type(value: Any, children: list[Any], names: list[str] | None, spec
 def _by_unflatten(value: Any, children: list[Any]) -> tuple[str, str] | None:
     """("module:qualname", pickled context) where the type's pytree registration unflattens with a function the package
     can import by name and a context that pickles, and that rebuilds this very node (transformers' DynamicCache)."""
-    import torch.utils._pytree as pytree
-
-    node = pytree.SUPPORTED_NODES[pytree._get_node_type(value)]
-    fn = node.unflatten_fn
+    node = internals.pytree_node(value)
+    if node is None:
+        return None
+    fn = node.unflatten
     module = sys.modules.get(getattr(fn, "__module__", "") or "")
     found: Any = module
     for part in getattr(fn, "__qualname__", "<lambda>").split("."):
         found = getattr(found, part, None)
     if module is None or found is not fn:
         return None
-    _, context = node.flatten_fn(value)
+    _, context = node.flatten(value)
     try:
         pickled = pickle.dumps(context)
         rebuilt = fn(list(children), pickle.loads(pickled))
-        got, got_context = node.flatten_fn(rebuilt)
+        got, got_context = node.flatten(rebuilt)
     except Exception:
         return None
     same = type(rebuilt) is type(value) and len(got) == len(children) and all(a is b for a, b in zip(got, children, strict=True))
@@ -430,8 +422,6 @@ def _not_importable(cls: type, spec_dir: Path) -> str:
 def _rebuilds(value: Any, children: list[Any], out: OutType, how: str) -> bool:
     """Whether calling the type as `how` says gives back the same pytree node: same type, same
     context, the very same children."""
-    import torch.utils._pytree as pytree
-
     cls = type(value)
     try:
         if how == POSITIONAL:
@@ -442,8 +432,10 @@ def _rebuilds(value: Any, children: list[Any], out: OutType, how: str) -> bool:
             rebuilt = cls(**dict(zip(out.fields or (), children, strict=True)), **dict.fromkeys(out.dropped))
         if type(rebuilt) is not cls:
             return False
-        node = pytree.SUPPORTED_NODES[pytree._get_node_type(value)]
-        (got, got_context), (want, want_context) = node.flatten_fn(rebuilt), node.flatten_fn(value)
+        node = internals.pytree_node(value)
+        if node is None:
+            return False
+        (got, got_context), (want, want_context) = node.flatten(rebuilt), node.flatten(value)
         return len(got) == len(want) and all(a is b for a, b in zip(got, want, strict=True)) and bool(got_context == want_context)
     except Exception:
         return False

@@ -1,0 +1,103 @@
+"""torch's private API that the trace, custom-op and verification stages use, behind named functions: pytree nodes,
+export's config and serializer, the dispatcher's op registry. shimgen imports no private torch module outside
+shimgen/inductor/; `compat` checks that each of these still is what these functions expect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PytreeNode:
+    """How torch's pytree takes a registered type apart and puts it together again."""
+
+    flatten: Callable[[Any], tuple[list[Any], Any]]
+    flatten_with_keys: Callable[[Any], tuple[list[tuple[Any, Any]], Any]] | None
+    unflatten: Callable[[Any, Any], Any]
+
+
+def tree_leaves(value: Any) -> list[Any]:
+    import torch.utils._pytree as pytree
+
+    return pytree.tree_leaves(value)
+
+
+def tensor_leaves(value: Any) -> list[Any]:
+    """The tensors among `value`'s pytree leaves, in pytree order."""
+    import torch
+
+    return [leaf for leaf in tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def pytree_node(value: Any) -> PytreeNode | None:
+    """`value`'s type's pytree registration; None for a leaf."""
+    import torch.utils._pytree as pytree
+
+    node = pytree.SUPPORTED_NODES.get(pytree._get_node_type(value))
+    if node is None:
+        return None
+    return PytreeNode(node.flatten_fn, node.flatten_with_keys_fn, node.unflatten_fn)
+
+
+def key_name(entry: Any) -> Any:
+    """The attribute name or mapping key a pytree key entry stands for; None for a sequence index."""
+    import torch.utils._pytree as pytree
+
+    if isinstance(entry, pytree.GetAttrKey):
+        return entry.name
+    return entry.key if isinstance(entry, pytree.MappingKey) else None
+
+
+@contextmanager
+def backed_size_oblivious() -> Iterator[None]:
+    """Tracing that treats sizes 0 and 1 of a dynamic dim like any other (dims.export)."""
+    import torch.fx.experimental._config as fx_config
+
+    with fx_config.patch(backed_size_oblivious=True):
+        yield
+
+
+def serialized_program(program: Any) -> str:
+    """An exported program's graph, signature and tensor metadata as torch.export's serializer writes them (no weights)."""
+    from torch._export.serde.serialize import serialize
+
+    return serialize(program).exported_program.decode()
+
+
+def op_schema(name: str) -> Any:
+    """The schema of a registered op 'ns::op' or 'ns::op.overload'; RuntimeError where none is registered."""
+    import torch
+
+    op, _, overload = name.partition(".")
+    return torch._C._get_schema(op, overload)
+
+
+def node_schema(target: Any) -> Any | None:
+    """The schema of an FX node's target where it is an op (OpOverload); None otherwise."""
+    return getattr(target, "_schema", None)
+
+
+def registered_ops() -> set[str]:
+    """Every registered op, as 'ns::name' or 'ns::name.overload'."""
+    import torch
+
+    return {s.name + (f".{s.overload_name}" if s.overload_name else "") for s in torch._C._jit_get_all_schemas()}
+
+
+def has_kernel(name: str, dispatch_key: str) -> bool:
+    """Whether op `name` has a kernel registered for `dispatch_key` (Meta, CompositeImplicitAutograd, ...)."""
+    import torch
+
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(name, dispatch_key))
+
+
+def python_custom_op_file(name: str) -> str | None:
+    """The file defining op `name` where it is a Python custom op (torch.library.custom_op); None otherwise."""
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(name)
+    return None if opdef is None else str(opdef._init_fn.__code__.co_filename)

@@ -1,0 +1,183 @@
+"""shimgen/inductor/ as the one adapter to torch's internals: the running torch meets every requirement, a torch that
+changed one is refused by name, the edits of Inductor's C++ fail loudly where they find nothing, and no module outside
+shimgen/inductor/ touches torch's private API. Run by both torch legs of CI (scripts/test.sh)."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import re
+import sys
+import tokenize
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shimgen.errors import UserError
+from shimgen.inductor import codegen, compat, user_triton
+from shimgen.inductor.openmp import gemm_threads_from_caller
+from shimgen.spec import Flags, Target
+
+SHIMGEN = Path(__file__).resolve().parents[2] / "shimgen"
+ADAPTER = SHIMGEN / "inductor"
+
+
+@pytest.fixture
+def unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """compat.check as in a fresh process: nothing checked yet."""
+    monkeypatch.setattr(compat, "_checked", set())
+
+
+def refusal(what: str) -> str:
+    """The message's pattern for a torch whose `what` changed."""
+    return (rf"^torch \d+\.\d+\.\d+: (.*; )?{re.escape(what)} changed \(.*\)(; .*)?; "
+            rf"shimgen supports torch {re.escape(compat.supported_range())}$")
+
+
+@pytest.mark.parametrize("stage", [compat.TRACE, compat.CODEGEN])
+def test_the_running_torch_meets_every_requirement(stage: str, unchecked: None) -> None:
+    assert [(r.what, problem) for r, problem in compat.problems(stage)] == []
+    compat.check(stage)
+
+
+def test_the_supported_range_comes_from_pyproject() -> None:
+    from shimgen.toolchain import supported_torch
+
+    assert compat.supported_range().startswith(">=")
+    assert set(compat.supported_range().split(",")) == {str(s) for s in supported_torch()}
+
+
+def test_a_missing_inductor_function_is_named(monkeypatch: pytest.MonkeyPatch, unchecked: None) -> None:
+    from torch._inductor.codecache import PersistentCache
+
+    monkeypatch.delattr(PersistentCache, "lookup")
+    with pytest.raises(UserError, match=refusal("Inductor's PersistentCache.lookup")):
+        compat.check(compat.CODEGEN)
+    assert compat.CODEGEN not in compat._checked
+
+
+def test_a_missing_private_torch_module_is_named(monkeypatch: pytest.MonkeyPatch, unchecked: None) -> None:
+    import torch.utils._pytree as pytree
+
+    monkeypatch.delattr(pytree, "SUPPORTED_NODES")
+    with pytest.raises(UserError, match=refusal("torch.utils._pytree's node registry")):
+        compat.check(compat.TRACE)
+
+
+def test_a_changed_signature_of_a_patched_function_is_named(monkeypatch: pytest.MonkeyPatch, unchecked: None) -> None:
+    from torch._inductor.codegen.cpp import CppKernel
+
+    def decide_parallel_depth(self: Any, max_parallel_depth: Any, threads: int, extra: bool) -> Any:
+        return None
+
+    monkeypatch.setattr(CppKernel, "decide_parallel_depth", decide_parallel_depth)
+    with pytest.raises(UserError, match=refusal("Inductor's CppKernel.decide_parallel_depth")) as raised:
+        compat.check(compat.CODEGEN)
+    assert "takes (self, max_parallel_depth, threads, extra)" in str(raised.value)
+
+
+def test_a_patched_staticmethod_that_became_a_method_is_named(monkeypatch: pytest.MonkeyPatch, unchecked: None) -> None:
+    from torch._inductor.codecache import CacheBase
+
+    monkeypatch.setattr(CacheBase, "get_local_cache_path", classmethod(lambda cls: None))
+    with pytest.raises(UserError, match=refusal("Inductor's CacheBase.get_local_cache_path")):
+        compat.check(compat.CODEGEN)
+
+
+def test_a_config_key_this_torch_lacks_is_named(monkeypatch: pytest.MonkeyPatch, unchecked: None) -> None:
+    monkeypatch.setattr(codegen, "CONFIG_KEYS", (*codegen.CONFIG_KEYS, "cpp.no_such_key"))
+    with pytest.raises(UserError, match=refusal("Inductor's config")) as raised:
+        compat.check(compat.CODEGEN)
+    assert "cpp.no_such_key" in str(raised.value)
+
+
+def test_a_gemm_template_without_the_text_openmp_edits_is_named(monkeypatch: pytest.MonkeyPatch, unchecked: None) -> None:
+    import inspect
+
+    source = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj: source(obj).replace("mm_get_thread_blocking(num_threads,", "blocking("))
+    with pytest.raises(UserError, match=refusal("Inductor's C++ GEMM template")) as raised:
+        compat.check(compat.CODEGEN)
+    assert "mm_get_thread_blocking(num_threads," in str(raised.value)
+
+
+def test_every_config_key_codegen_sets_is_checked() -> None:
+    targets = [Target(device="cpu", isa=isa) for isa in ("native", "avx2", "avx512", "default")] + [Target(device="cuda", archs=["sm_90"])]
+    for target, weights, gemm, full, tma, onednn in itertools.product(targets, ("embedded", "file"), *[(False, True)] * 4):
+        flags = Flags(weights=weights, gemm_autotune=gemm, max_autotune=full, tma=tma, onednn=onednn)
+        assert set(codegen.inductor_configs(target, flags, "g++")) <= set(codegen.CONFIG_KEYS)
+
+
+GEMM = """extern "C" void cpp_fused_a(int* done, int64_t M) {{
+    constexpr int64_t num_threads = 2;
+    mm_get_thread_blocking(num_threads, 1, M, 64, 64, 1, 1, 1, Mt_blocks, Nt_blocks, Kt_blocks);
+    AOTI_TORCH_CHECK(Mt_blocks * Nt_blocks * Kt_blocks * 2 >= M, "Not all partitions are assigned.");
+    #pragma omp parallel
+    {{
+        #pragma omp for schedule(static, 1)
+        for (int64_t tid = 0; {loop}; tid++) {{ done[tid] = 1; }}
+    }}
+}}
+"""
+
+
+def test_a_gemm_edit_that_finds_nothing_is_an_error_naming_the_template() -> None:
+    assert "tid < num_threads; tid++)" in gemm_threads_from_caller(GEMM.format(loop="tid < 2"))
+    # Partitions left at the build machine's count while the blocking follows the caller's team: a wrong GEMM.
+    with pytest.raises(UserError, match=r"Inductor's C\+\+ GEMM template changed \(.*'tid < 2; tid\+\+\)'.*shimgen supports torch"):
+        gemm_threads_from_caller(GEMM.format(loop="tid < int64_t(2)"))
+
+
+def test_user_kernel_guard_passes_on_the_arguments_torch_2_14_added() -> None:
+    calls: list[tuple[Any, ...]] = []
+    call_hop = user_triton._refusing_hidden_tensors(lambda *args: calls.append(args))
+    call_hop("hopifier", "variable", "grids", {"x": 1}, "launch_kwargs", "kernel_arg_names", "tx")  # torch 2.14
+    call_hop("hopifier", "variable", "grids", {"x": 1}, "tx")  # torch 2.13
+    assert calls == [("hopifier", "variable", "grids", {"x": 1}, "launch_kwargs", "kernel_arg_names", "tx"),
+                     ("hopifier", "variable", "grids", {"x": 1}, "tx")]
+
+
+# What only shimgen/inductor/ may write: a private torch module or attribute (torch._C, torch.utils._pytree,
+# torch.fx.experimental._config, ...), pytree by any name, a patch of anything.
+_PRIVATE = re.compile(r"\btorch(?:\s*\.\s*\w+)*\s*\.\s*_\w+|\b_pytree\b|\bmock\s*\.\s*patch|\bfrom\s+unittest\s+import\s+mock\b|\bpatch\.object\b")
+
+
+def _code_only(source: str) -> str:
+    """`source` with its comments and string literals blanked (their text may name torch's internals)."""
+    lines = source.splitlines(keepends=True)
+    blank = {tokenize.COMMENT, tokenize.STRING} | {getattr(tokenize, "FSTRING_MIDDLE", -1)}
+    for token in reversed(list(tokenize.generate_tokens(io.StringIO(source).readline))):
+        if token.type in blank:
+            (row, col), (end_row, end_col) = token.start, token.end
+            for r in range(end_row, row - 1, -1):
+                line = lines[r - 1]
+                begin, end = (col if r == row else 0), (end_col if r == end_row else len(line.rstrip("\n")))
+                lines[r - 1] = line[:begin] + " " * (end - begin) + line[end:]
+    return "".join(lines)
+
+
+def test_code_only_blanks_comments_and_strings() -> None:
+    assert _PRIVATE.search(_code_only('import torch._C\n'))
+    assert _PRIVATE.search(_code_only('from torch.utils import _pytree as p\n'))
+    assert not _PRIVATE.search(_code_only('x = "torch._inductor"  # torch._C\n"""torch._export\n_pytree"""\n'))
+
+
+def test_private_torch_is_used_only_in_shimgen_inductor() -> None:
+    offenders = []
+    for path in sorted(SHIMGEN.rglob("*.py")):
+        if path.is_relative_to(ADAPTER):
+            continue
+        code = _code_only(path.read_text())
+        offenders += [f"{path.relative_to(SHIMGEN.parent)}:{code.count(chr(10), 0, m.start()) + 1}: {m[0]}" for m in _PRIVATE.finditer(code)]
+    assert offenders == [], "private torch API outside shimgen/inductor/ (call a function of the adapter instead):\n" + "\n".join(offenders)
+
+
+def test_the_trace_stage_imports_no_inductor_codegen() -> None:
+    """The trace's checks must not cost Inductor's import: a trace worker never needs it."""
+    import subprocess
+
+    code = ("import sys; from shimgen.inductor import compat; import torch; compat.check(compat.TRACE); "
+            "print('torch._inductor.codegen.cpp' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SHIMGEN.parent)
+    assert out.stdout.strip() == "False"
