@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+from shimgen import devices
 from shimgen.errors import UserError
 from shimgen.files import replace_dir, shimgen_fingerprint, stage_key
 from shimgen.inductor import compat, kernel_choice, openmp, proxy_executor, user_triton, weights
@@ -74,7 +75,7 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
         configs["cpp.cxx"] = (None, cxx)
     if flags.weights == "file":  # the weights as one blob beside the code (weights.write_from_blob), the model told not to expect them
         configs.update({"aot_inductor.package_constants_in_so": False, "aot_inductor.package_constants_on_disk_format": "binary_blob"})
-    if target.device == "cuda":
+    if devices.device(target.device).gpu:
         configs["aot_inductor.embed_kernel_binary"] = True
         configs["aot_inductor.emit_multi_arch_kernel"] = True  # PTX, not a cubin for the build GPU alone
         # A user Triton kernel's PTX is named after its Python function, the symbol the wrapper loads after Inductor's
@@ -99,7 +100,7 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     # The GEMM template is written for cpp.threads partitions: at least two, so that it has a parallel region
     # (openmp.gemm_threads_from_caller then shares them among the caller's team).
     configs.update({"cpp.dynamic_threads": True, "cpp.threads": max(2, os.cpu_count() or 1)})
-    if target.isa != "native":
+    if target.isa is not None and target.isa != "native":
         configs["cpp.simdlen"] = ISA_FLAGS[target.isa][0]
     return configs
 
@@ -107,7 +108,7 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
 def uses_onednn(target: Target, flags: Flags) -> bool:
     """Whether Inductor may hand CPU convolutions and linear layers to oneDNN and MKL with prepacked weights:
     their packed layouts are made for the build machine's CPU, so native ISA only."""
-    return target.device == "cpu" and flags.onednn and target.isa == "native"
+    return not devices.device(target.device).gpu and flags.onednn and target.isa == "native"
 
 
 def values_compiled(flags: Flags) -> bool:
@@ -120,7 +121,7 @@ def codegen_key(traced: TraceResult, target: Target, flags: Flags, locked: Timin
     """Holds no path of this machine (the shared cache finds it on another); for a native ISA, this machine's CPU.
     The program counts without its weights' values where the code does not depend on them (`values_compiled`);
     Python files the trace read count by content (a Triton kernel's source), other files only through the program."""
-    host = _host_cpu() if target.device == "cpu" and target.isa == "native" else None
+    host = _host_cpu() if not devices.device(target.device).gpu and target.isa == "native" else None
     code_read = sorted(digest for path, digest in traced.reads if path.endswith(".py"))
     return stage_key(traced.structure, traced.out_nodes, traced.weights if values_compiled(flags) else None, code_read, torch_version,
                      locked, host, target.isa, target.archs,
@@ -155,7 +156,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         try:
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
-            per_device = _cuda_codegen(Path(tmp)) if target.device == "cuda" else _parallel_only_with_enough_work()
+            per_device = _cuda_codegen(Path(tmp)) if devices.device(target.device).gpu else _parallel_only_with_enough_work()
             with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags), allow_tf32=None), _quiet_autotuning(), per_device, \
                     _state_not_folded(), kernel_choice.recorded(target.device, locked, retune) as recording:
                 torch._inductor.aoti_compile_and_package(
@@ -169,7 +170,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         files, ptx = _extract(package)
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
     for k, text in enumerate(kernels):
-        if target.device == "cpu":
+        if not devices.device(target.device).gpu:
             text = openmp.serial_fast_paths(openmp.gemm_threads_from_caller(text))
         (staging / f"kernels_{k}.cpp").write_text(text)
     (staging / "interface.cpp").write_text(interface)
@@ -186,7 +187,7 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
     if called:
         proxy_executor.extern_nodes(extern)  # refuses here what the binding could not call
         (staging / "extern_nodes.json").write_bytes(files[".wrapper.json"])
-    ptx_names, triton_names = _write_cuda_kernels(model, ptx, staging) if target.device == "cuda" else ([], [])
+    ptx_names, triton_names = _write_cuda_kernels(model, ptx, staging) if devices.device(target.device).gpu else ([], [])
     defines, args = compile_flags(json.loads(files[".wrapper_compile_flags.json"]), target)
     replace_dir(staging, out_dir)
     return CodegenResult(
@@ -342,14 +343,14 @@ def compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str]
     # Inductor's math flags decide numerics (e.g. -ffp-contract=off); keep them, drop opt/debug/warning/ISA choices.
     drop = re.compile(r"^(O\d|Os|g\d?|march=.*|std=.*|W.*|pedantic|fPIC|shared|fopenmp|DNDEBUG)$")
     args = [f"-{c}" for c in flags_json["cflags"] if not drop.match(c)]
-    if target.device == "cuda":
+    if devices.device(target.device).gpu:
         # The host side of a CUDA graph is glue code: baseline x86-64, portable like the fatbins.
         args += [f"-I{d}" for d in flags_json["include_dirs"] if "torch/include" not in d and "python" not in d]  # CUDA's headers
         return [d for d in defines if not d.startswith("CPU_CAPABILITY")], args
     if target.isa == "native":
         args.append("-march=native")
         args += [a for p in flags_json.get("passthrough_args", []) for a in p.split()]
-    else:
+    elif target.isa is not None:
         _, isa_args, capability = ISA_FLAGS[target.isa]
         args += isa_args
         defines = [d for d in defines if not d.startswith("CPU_CAPABILITY")]

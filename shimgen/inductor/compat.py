@@ -105,7 +105,7 @@ def _schema_marks_writes() -> str | None:
 
     from shimgen.inductor.internals import node_schema
 
-    schema = node_schema(torch.ops.aten.add_.Tensor)
+    schema: Any = node_schema(torch.ops.aten.add_.Tensor)
     try:
         written = schema.arguments[0].alias_info.is_write
     except AttributeError:

@@ -57,7 +57,7 @@ def backed_size_oblivious() -> Iterator[None]:
     """Tracing that treats sizes 0 and 1 of a dynamic dim like any other (dims.export)."""
     import torch.fx.experimental._config as fx_config
 
-    with fx_config.patch(backed_size_oblivious=True):
+    with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
         yield
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
+from shimgen import devices
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import KernelChoice
 
@@ -83,7 +84,7 @@ def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
         stack.enter_context(config.patch({"trace.log_autotuning_results": True}))  # makes Inductor report cached selections too
         stack.enter_context(mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results)))
         stack.enter_context(mock.patch.object(PersistentCache, "lookup", lookup))
-        if device == "cpu":
+        if not devices.device(device).gpu:
             cache = CacheBase.get_local_cache_path()
             one_thread_cache = cache.with_name(f"{cache.name}-shimgen-cpu-one-thread")
             stack.enter_context(mock.patch.object(CacheBase, "get_local_cache_path", staticmethod(lambda: one_thread_cache)))

@@ -8,6 +8,7 @@ node, the dispatcher call with every argument in its place: constants as literal
 
 from __future__ import annotations
 
+import builtins
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +107,7 @@ class _Flat:
             return Markup("c10::IValue(c10::List<std::optional<at::Tensor>>({" + ", ".join(items) + "}))")
         return _serialized_literal(kind, value, self.target, name)
 
-    def output(self, index: int, schema_type: Any, out: dict[str, Any]) -> Markup:
+    def output(self, index: builtins.int, schema_type: Any, out: dict[str, Any]) -> Markup:
         (kind, value), = out.items()
         type_kind = schema_type.kind()
         if kind == "as_none" or type_kind == "NoneType":

@@ -13,6 +13,7 @@ from typing import Any
 
 import jinja2
 
+from shimgen import devices
 from shimgen.files import stage_key, write_if_changed
 from shimgen.inductor import proxy_executor, weights
 from shimgen.project import escape
@@ -74,11 +75,11 @@ def runtime_sources(tests: bool) -> list[tuple[str, bytes]]:
 def render_runtime(tc: Toolchain, device: str, out: Path, tests: bool = False) -> None:
     """The runtime library's Meson project for `device` (with `tests`, its unit tests too) into `out`."""
     cuda_includes: list[str] = []
-    if device == "cuda":
+    if devices.device(device).gpu:
         from shimgen.toolchain.cuda import detect_cuda
 
         cuda_includes = detect_cuda().include_dirs
-    context = {"tc": tc, "device": device, "cuda": device == "cuda", "cuda_includes": cuda_includes, "tests": tests,
+    context = {"tc": tc, "device": device, "cuda": devices.device(device).gpu, "cuda_includes": cuda_includes, "tests": tests,
                "path_maps": path_maps(tc)}
     write_if_changed(out / "meson.build", _env().get_template("runtime/meson.build.j2").render(context))
     for name, content in runtime_sources(tests):
@@ -100,7 +101,7 @@ def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: 
 def render_ops(spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, sources: list[list[Path]],
                out: Path) -> dict[int, str]:
     """Write the Meson project of the custom ops' libraries into `out`; their target names by entry."""
-    libraries = []
+    libraries: list[dict[str, Any]] = []
     for i, entry_sources in enumerate(sources):
         if entry_sources:
             libraries.append({"entry": i, "name": f"{spec.project.name}_ops{i}", "cxx": [str(s) for s in entry_sources if s.suffix != ".cu"],
@@ -109,7 +110,7 @@ def render_ops(spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolc
     nvcc_args: list[str] = []
     uses_cuda = any(lib["cuda"] for lib in libraries)
     if cuda and uses_cuda:
-        archs = next(t.archs for t in spec.target if t.device == "cuda")
+        archs = next(t.archs for t in spec.target if devices.device(t.device).gpu)
         nvcc_args = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-ccbin", tc.cxx, "-Xcompiler", "-fPIC",
                      "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
                      "-D__CUDA_NO_HALF2_OPERATORS__", *[a for d in tc.torch_includes for a in ("-isystem", d)],
@@ -209,7 +210,7 @@ def render_project(
         "op_modules": _op_modules(spec, units),
         "freezing": spec.flags.freezing,
         "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g), spec.runtime.instances,
-                                         any(t.device == "cpu" for t in spec.target), state=next(u.code.state for u in units if u.graph is g),
+                                         any(not devices.device(t.device).gpu for t in spec.target), state=next(u.code.state for u in units if u.graph is g),
                                          made=next(u.variants for u in units if u.graph is g))
                        for g in spec.graph},
     }
@@ -265,7 +266,7 @@ def _op_modules(spec: ProjectSpec, units: list[Unit]) -> list[dict[str, str]]:
 def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str) -> dict[str, Any]:
     graph = u.graph
     dim_index = {name: k for k, name in enumerate(graph.dims)}
-    cuda_graphs = spec.flags.cuda_graphs and u.target.device == "cuda"
+    cuda_graphs = spec.flags.cuda_graphs and devices.device(u.target.device).gpu
     inputs = []
     for inp in graph.inputs:
         dims_text = ", ".join(str(s) for s in inp.shape)
@@ -282,6 +283,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "module": f"_{u.name}",
         "target_ids": target_ids,
         "device": u.target.device,
+        "gpu": devices.device(u.target.device).gpu,
         "inputs": inputs,
         "num_positional": sum(1 for inp in graph.inputs if not inp.keyword),
         "dims": [{"name": n, "min": d.min, "max": d.max, "multiple_of": d.multiple_of} for n, d in graph.dims.items()],
@@ -296,7 +298,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "state": sorted({name for _, code in u.generated for name in code.state}),
         "variants": [{"label": _label(v), "library": f"{u.library(v)}.so", "dim_sizes": [dict(v.sizes).get(name, -1) for name in graph.dims],
                       "captured": cuda_graphs and variants.fully_static(graph, dict(v.sizes))} for v in u.variants],
-        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, u.target.device == "cpu", cuda_graphs, u.code.state,
+        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, not devices.device(u.target.device).gpu, cuda_graphs, u.code.state,
                                u.variants),
     }
 
@@ -421,5 +423,5 @@ def _remove_stale(out: Path, keep: set[Path]) -> None:
 
 def target_id(target: Target) -> str:
     """Build identifier for CI matrices: cpu-native, cpu-avx2, cuda-sm_90."""
-    return f"cpu-{target.isa}" if target.device == "cpu" else "cuda-" + "-".join(target.archs)
+    return f"cpu-{target.isa}" if not devices.device(target.device).gpu else "cuda-" + "-".join(target.archs)
 

@@ -89,7 +89,7 @@ class Unit:
         """The bytes of each model's constants in a shimgen weights file (this build's, or another build's of the same
         graph), or None where the file does not hold them all."""
         variants = json.loads(metadata.get("variants", "{}"))
-        given = []
+        given: list[list[Any]] = []
         for variant, constants in self.models:
             to_entry = variants.get(variant) if variant else {c: e for e, c in json.loads(metadata.get("constants", "{}")).items()}
             if to_entry is None:
@@ -250,8 +250,8 @@ class Weights:
             unit.module._set_weights(self._with_state(unit, given))
 
     def _load_file(self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str], units: list[Unit]) -> None:
-        found = [(unit, unit.from_file(tensors, metadata)) for unit in units]
-        found = [(unit, given) for unit, given in found if given is not None]
+        read = [(unit, unit.from_file(tensors, metadata)) for unit in units]
+        found = [(unit, given) for unit, given in read if given is not None]
         if not found:
             raise WeightsError(f"{path} holds the weights of no graph in this package as it was built ({', '.join(u.name for u in units)}): "
                                "it comes from a build of another model, or with other flags")

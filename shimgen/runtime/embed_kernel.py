@@ -16,7 +16,10 @@ from pathlib import Path
 
 
 def fatbin(nvcc: str, ptx: Path, archs: list[str], out: Path) -> subprocess.CompletedProcess:
-    target = re.search(r"^\.target\s+sm_(\d+a?)", ptx.read_text(), re.M).group(1)
+    found = re.search(r"^\.target\s+sm_(\d+a?)", ptx.read_text(), re.M)
+    if found is None:
+        raise SystemExit(f"{ptx}: no .target line")
+    target = found.group(1)
     gencode = [f"-gencode=arch=compute_{target},code=sm_{a[3:]}" for a in archs]
     gencode.append(f"-gencode=arch=compute_{target},code=compute_{target}")
     return subprocess.run([nvcc, "--fatbin", str(ptx), "-o", str(out), *gencode], capture_output=True, text=True)
@@ -33,7 +36,10 @@ def main() -> int:
     args = parser.parse_args()
 
     text = args.ptx.read_text()
-    built_for = int(re.search(r"^\.target\s+sm_(\d+)", text, re.M).group(1))
+    found = re.search(r"^\.target\s+sm_(\d+)", text, re.M)
+    if found is None:
+        raise SystemExit(f"{args.ptx}: no .target line")
+    built_for = int(found.group(1))
     older = [a for a in args.arch if int(a[3:].rstrip("a")) < built_for]
     if older:
         print(f"error: kernel {args.ptx.stem} was generated on an sm_{built_for} GPU, and its PTX cannot be compiled for the "

@@ -84,9 +84,9 @@ def project_scope(spec_dir: Path) -> Iterator[set[Path]]:
     are opened meanwhile: modules and whatever the model reads through Python. Afterwards sys.path
     and sys.modules are as they were. Nested scopes for one directory share the outer one."""
     spec_dir = spec_dir.resolve()
-    for directory, reads in _scopes:
+    for directory, outer in _scopes:
         if directory == spec_dir:
-            yield reads
+            yield outer
             return
     _watch_opens()
     saved_path = list(sys.path)
@@ -101,7 +101,7 @@ def project_scope(spec_dir: Path) -> Iterator[set[Path]]:
     finally:
         _scopes.remove((spec_dir, reads))
         for name, module in _project_modules(spec_dir).items():
-            reads.add(Path(module.__file__).resolve())  # type: ignore[arg-type]
+            reads.add(Path(module.__file__).resolve())
             del sys.modules[name]
         sys.modules.update(set_aside)
         sys.path[:] = saved_path
@@ -112,7 +112,7 @@ def _project_modules(spec_dir: Path) -> dict[str, Any]:
 
 
 def _under(path: str | None, directory: Path) -> bool:
-    return bool(path) and Path(path).resolve().is_relative_to(directory)
+    return path is not None and Path(path).resolve().is_relative_to(directory)
 
 
 def _watch_opens() -> None:

@@ -41,7 +41,7 @@ from shimgen.toolchain import Toolchain
 from shimgen.trace import custom_ops, dims
 from shimgen.trace.entry import call_model, describe, example_sizes, load_model, make_inputs, project_scope
 
-_CONTAINERS = {tuple: TUPLE, list: LIST, dict: DICT}
+_CONTAINERS: dict[type, int] = {tuple: TUPLE, list: LIST, dict: DICT}
 AUTO_SIZES = 8  # sizes of a dim below what torch.export can keep in the dynamic range that become variants of their own
 
 
@@ -336,7 +336,7 @@ def node_parts(value: Any) -> tuple[list[Any], list[str] | None] | None:
     if node.flatten_with_keys is not None:
         names = [internals.key_name(entry) for entry, _ in node.flatten_with_keys(value)[0]]
     if not _unique_strings(names, len(children)) and isinstance(value, tuple):
-        names = list(getattr(type(value), "_fields", None) or getattr(type(value), "__match_args__", ()))  # structseq
+        names = list(getattr(type(value), "_fields", None) or getattr(type(value), "__match_args__", None) or ())  # structseq
     return children, (names if _unique_strings(names, len(children)) else None)
 
 
