@@ -39,7 +39,10 @@ from common import REPO, CommandFailed, GraphModel, Report, load_spec, run, shim
 BENCHMARKS = Path(__file__).resolve().parent
 
 # name: (label, spec); the graph timed is `forward` in both.
-MODELS = {"resnet": ("ResNet-18", REPO / "projects" / "resnet.toml"), "minilm": ("MiniLM-L6 BERT", REPO / "projects" / "minilm.toml")}
+MODELS = {
+    "resnet": ("ResNet-18", REPO / "projects" / "resnet.toml"),
+    "minilm": ("MiniLM-L6 BERT", REPO / "projects" / "minilm.toml"),
+}
 GRAPH = "forward"
 
 # AOTInductor's cold build, from interpreter start: the model and program come from shimgen's own helpers (the
@@ -62,7 +65,8 @@ with project(spec_path) as spec_dir:
 exported = time.perf_counter()
 with torch.no_grad():
     torch._inductor.aoti_compile_and_package(program, package_path={package!r}, inductor_configs={{"freezing": True}})
-print(json.dumps({{"torch_import": torch_imported - start, "helpers": helpers, "export": exported - torch_imported - helpers,
+print(json.dumps({{"torch_import": torch_imported - start, "helpers": helpers, "export": exported - torch_imported -
+helpers,
                   "compile": time.perf_counter() - exported}}))
 """
 
@@ -147,7 +151,11 @@ WEIGHT_VARIANTS = {
 
 
 def fresh_env(tmp: Path, tag: str, shimgen_cache: Path) -> dict[str, str]:
-    return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{tag}"), "SHIMGEN_CACHE_DIR": str(shimgen_cache / "toolchain")}
+    return {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{tag}"),
+        "SHIMGEN_CACHE_DIR": str(shimgen_cache / "toolchain"),
+    }
 
 
 def drop_lockfile(spec: Path) -> None:
@@ -159,7 +167,9 @@ def drop_lockfile(spec: Path) -> None:
 @contextmanager
 def lockfiles_kept(specs: list[Path], tmp: Path) -> Iterator[None]:
     """The specs' lockfiles as they were before the block, whatever the block's builds write or remove."""
-    kept = {spec: tmp / f"kept-{k}.lock" for k, spec in enumerate(specs) if spec.with_name(spec.name + ".lock").is_file()}
+    kept = {
+        spec: tmp / f"kept-{k}.lock" for k, spec in enumerate(specs) if spec.with_name(spec.name + ".lock").is_file()
+    }
     for spec, aside in kept.items():
         shutil.copy2(spec.with_name(spec.name + ".lock"), aside)
     try:
@@ -204,7 +214,9 @@ def monolithic_o3_seconds(build: Path, codegen: Path) -> float:
 
 
 def latency_ms(summary: dict) -> float:
-    return float(run([sys.executable, "-c", LATENCY_SCRIPT, summary["package_dir"], summary["name"]], dict(os.environ))[1])
+    return float(
+        run([sys.executable, "-c", LATENCY_SCRIPT, summary["package_dir"], summary["name"]], dict(os.environ))[1]
+    )
 
 
 def mb(path: str | Path) -> float:
@@ -227,7 +239,10 @@ def first_call(kind: str, where: str, name: str, inputs: Path, runs: int = 3) ->
     the median of `runs` interpreters, each figure on its own (one slow moment of a shared machine is not kept)."""
     samples = []
     for _ in range(runs):
-        wall, out = run([sys.executable, "-c", FIRST_CALL_SCRIPT.format(graph=GRAPH), kind, where, name, str(inputs)], dict(os.environ))
+        wall, out = run(
+            [sys.executable, "-c", FIRST_CALL_SCRIPT.format(graph=GRAPH), kind, where, name, str(inputs)],
+            dict(os.environ),
+        )
         samples.append({**json.loads(out), "wall": wall})
     return {key: statistics.median(s[key] for s in samples) for key in samples[0]}
 
@@ -262,12 +277,19 @@ def build_cold(spec: Path, out: Path, env: dict[str, str], inputs: Path | None) 
         wall, summary = shimgen_build(spec, out, env, "--no-cache")
     except CommandFailed as exc:
         return Built(missing="build failed: " + short_error(exc, 200))
-    return Built(wall, summary, first_call("shimgen", summary["package_dir"], summary["name"], inputs) if inputs else {})
+    return Built(
+        wall, summary, first_call("shimgen", summary["package_dir"], summary["name"], inputs) if inputs else {}
+    )
 
 
 def time_load_weights(built: Built, spec: Path) -> dict[str, Any]:
-    script = LOAD_WEIGHTS_SCRIPT.format(benchmarks=str(BENCHMARKS), spec=str(spec), graph=GRAPH,
-                                        package_dir=built.summary["package_dir"], name=built.summary["name"])
+    script = LOAD_WEIGHTS_SCRIPT.format(
+        benchmarks=str(BENCHMARKS),
+        spec=str(spec),
+        graph=GRAPH,
+        package_dir=built.summary["package_dir"],
+        name=built.summary["name"],
+    )
     try:
         return json.loads(run([sys.executable, "-c", script], dict(os.environ), cwd=REPO)[1])
     except CommandFailed as exc:
@@ -278,8 +300,11 @@ def stage_line(summary: dict[str, Any]) -> str:
     return ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in summary["stages"].items())
 
 
-def bench_model(key: str, tmp: Path, user_cache: Path, report: Report, layouts: tuple[str, str | None]) -> dict[str, Any]:
-    """Cold builds of shimgen and AOTI, first calls, the weights variants and load_weights, for one model. shimgen's cold
+def bench_model(
+    key: str, tmp: Path, user_cache: Path, report: Report, layouts: tuple[str, str | None]
+) -> dict[str, Any]:
+    """Cold builds of shimgen and AOTI, first calls, the weights variants and load_weights, for one model. shimgen's
+    cold
     builds start without the spec's lockfile (kernel choices timed, as a project's first build does), except the one
     that replays the lockfile the first wrote (a project whose lockfile is committed)."""
     label, spec = MODELS[key]
@@ -293,19 +318,25 @@ def bench_model(key: str, tmp: Path, user_cache: Path, report: Report, layouts: 
     aoti["wall"] = aoti_wall - aoti["helpers"]  # without importing shimgen's helpers, which AOTI does not need
     aoti["calls"] = first_call("aoti", str(package), "", inputs)
     aoti["size"] = mb(package)
-    report(f"AOTI export + aoti_compile_and_package (freezing): {aoti['wall']:.1f}s wall (torch import {aoti['torch_import']:.1f}s, "
-           f"model + export {aoti['export']:.1f}s, codegen + compile {aoti['compile']:.1f}s; shimgen helpers' import "
-           f"{aoti['helpers']:.1f}s not counted); .pt2 {aoti['size']:.1f} MB")
+    report(
+        f"AOTI export + aoti_compile_and_package (freezing): {aoti['wall']:.1f}s wall (torch import {aoti['torch_import']:.1f}s, "
+        f"model + export {aoti['export']:.1f}s, codegen + compile {aoti['compile']:.1f}s; shimgen helpers' import "
+        f"{aoti['helpers']:.1f}s not counted); .pt2 {aoti['size']:.1f} MB"
+    )
 
     drop_lockfile(spec)
     cold = build_cold(spec, tmp / f"cold-{key}", fresh_env(tmp, f"cold-{key}", user_cache), inputs)
     if cold.missing:
         raise SystemExit(f"{label}: {cold.missing}")
-    report(f"shimgen, cold project build: {cold.wall:.1f}s wall; stages (s) {stage_line(cold.summary)}; wheel {mb(cold.summary['wheel']):.1f} MB")
+    report(
+        f"shimgen, cold project build: {cold.wall:.1f}s wall; stages (s) {stage_line(cold.summary)}; wheel {mb(cold.summary['wheel']):.1f} MB"
+    )
     replay = build_cold(spec, tmp / f"replay-{key}", fresh_env(tmp, f"replay-{key}", user_cache), None)
     if replay.missing:
         raise SystemExit(f"{label}: {replay.missing}")
-    report(f"shimgen, cold project build replaying {spec.name}.lock: {replay.wall:.1f}s wall; stages (s) {stage_line(replay.summary)}")
+    report(
+        f"shimgen, cold project build replaying {spec.name}.lock: {replay.wall:.1f}s wall; stages (s) {stage_line(replay.summary)}"
+    )
 
     refused, default_layout = layouts
     variants: dict[str, Built] = {}
@@ -316,7 +347,9 @@ def bench_model(key: str, tmp: Path, user_cache: Path, report: Report, layouts: 
             variants[name] = cold  # the spec's own flags are the defaults: this is the cold build above
         else:
             with spec_variant(tmp, f"{key}_w{n}", flags, spec) as variant:
-                variants[name] = build_cold(variant, tmp / f"w{n}-{key}", fresh_env(tmp, f"w{n}-{key}", user_cache), inputs)
+                variants[name] = build_cold(
+                    variant, tmp / f"w{n}-{key}", fresh_env(tmp, f"w{n}-{key}", user_cache), inputs
+                )
     for name, built in variants.items():
         if not built.missing and name.startswith("file"):
             built.load_weights = time_load_weights(built, spec)
@@ -334,43 +367,93 @@ def model_tables(results: dict[str, dict[str, Any]], report: Report) -> None:
 
     report(f"\n{head} | goal |\n{rule}| --- |")
     row("cold end-to-end shimgen / AOTI", [f"{m['cold'].wall / m['aoti']['wall']:.2f}" for m in models], "<= 0.6")
-    row("cold end-to-end shimgen replaying its lockfile / AOTI", [f"{m['replay'].wall / m['aoti']['wall']:.2f}" for m in models], "<= 0.6")
-    row("shimgen cold build, s (replaying the lockfile)", [f"{m['cold'].wall:.1f} ({m['replay'].wall:.1f})" for m in models], "")
-    row("AOTI cold build, s (export / codegen + compile)",
-        [f"{m['aoti']['wall']:.1f} ({m['aoti']['export']:.1f} / {m['aoti']['compile']:.1f})" for m in models], "")
-    row("wheel / .pt2 size", [f"{mb(m['cold'].summary['wheel']) / m['aoti']['size']:.2f} "
-                              f"({mb(m['cold'].summary['wheel']):.1f} / {m['aoti']['size']:.1f} MB)" for m in models], "")
-    row("import + first call, shimgen / AOTI", [
-        f"{(m['cold'].calls['import'] + m['cold'].calls['first']) / (m['aoti']['calls']['import'] + m['aoti']['calls']['first']):.2f} "
-        f"({m['cold'].calls['import']:.2f} + {m['cold'].calls['first']:.3f} s / "
-        f"{m['aoti']['calls']['import']:.2f} + {m['aoti']['calls']['first']:.3f} s)" for m in models], "")
-    row("later calls (median), shimgen / AOTI", [f"{m['cold'].calls['later'] / m['aoti']['calls']['later']:.2f} "
-                                                 f"({m['cold'].calls['later'] * 1e3:.1f} / {m['aoti']['calls']['later'] * 1e3:.1f} ms)"
-                                                 for m in models], "")
+    row(
+        "cold end-to-end shimgen replaying its lockfile / AOTI",
+        [f"{m['replay'].wall / m['aoti']['wall']:.2f}" for m in models],
+        "<= 0.6",
+    )
+    row(
+        "shimgen cold build, s (replaying the lockfile)",
+        [f"{m['cold'].wall:.1f} ({m['replay'].wall:.1f})" for m in models],
+        "",
+    )
+    row(
+        "AOTI cold build, s (export / codegen + compile)",
+        [f"{m['aoti']['wall']:.1f} ({m['aoti']['export']:.1f} / {m['aoti']['compile']:.1f})" for m in models],
+        "",
+    )
+    row(
+        "wheel / .pt2 size",
+        [
+            f"{mb(m['cold'].summary['wheel']) / m['aoti']['size']:.2f} "
+            f"({mb(m['cold'].summary['wheel']):.1f} / {m['aoti']['size']:.1f} MB)"
+            for m in models
+        ],
+        "",
+    )
+    row(
+        "import + first call, shimgen / AOTI",
+        [
+            f"{(m['cold'].calls['import'] + m['cold'].calls['first']) / (m['aoti']['calls']['import'] + m['aoti']['calls']['first']):.2f} "
+            f"({m['cold'].calls['import']:.2f} + {m['cold'].calls['first']:.3f} s / "
+            f"{m['aoti']['calls']['import']:.2f} + {m['aoti']['calls']['first']:.3f} s)"
+            for m in models
+        ],
+        "",
+    )
+    row(
+        "later calls (median), shimgen / AOTI",
+        [
+            f"{m['cold'].calls['later'] / m['aoti']['calls']['later']:.2f} "
+            f"({m['cold'].calls['later'] * 1e3:.1f} / {m['aoti']['calls']['later'] * 1e3:.1f} ms)"
+            for m in models
+        ],
+        "",
+    )
 
     stages = list(dict.fromkeys(s for m in models for s in m["cold"].summary["stages"]))
-    report("\nshimgen cold build, stage timeline (s): without the lockfile / replaying it\n\n| stage | "
-           + " | ".join(m["label"] for m in models) + f" |\n{rule}|")
+    report(
+        "\nshimgen cold build, stage timeline (s): without the lockfile / replaying it\n\n| stage | "
+        + " | ".join(m["label"] for m in models)
+        + f" |\n{rule}|"
+    )
     for stage in stages:
-        row(stage, [f"{m['cold'].summary['stages'].get(stage, 0.0):.2f} / {m['replay'].summary['stages'].get(stage, 0.0):.2f}" for m in models])
-    row("total of stages", [f"{sum(m['cold'].summary['stages'].values()):.2f} / {sum(m['replay'].summary['stages'].values()):.2f}"
-                            for m in models])
+        row(
+            stage,
+            [
+                f"{m['cold'].summary['stages'].get(stage, 0.0):.2f} / {m['replay'].summary['stages'].get(stage, 0.0):.2f}"
+                for m in models
+            ],
+        )
+    row(
+        "total of stages",
+        [
+            f"{sum(m['cold'].summary['stages'].values()):.2f} / {sum(m['replay'].summary['stages'].values()):.2f}"
+            for m in models
+        ],
+    )
     row("wall (interpreter start to exit)", [f"{m['cold'].wall:.2f} / {m['replay'].wall:.2f}" for m in models])
 
-    report("\nweights layouts (cold builds; import + first call in a fresh interpreter)\n\n"
-           "| model | flags | build s | / AOTI | wheel MB | import + first call s | stages (s) |\n| --- | --- | --- | --- | --- | --- | --- |")
+    report(
+        "\nweights layouts (cold builds; import + first call in a fresh interpreter)\n\n"
+        "| model | flags | build s | / AOTI | wheel MB | import + first call s | stages (s) |\n| --- | --- | --- | --- | --- | --- | --- |"
+    )
     for m in models:
         for name, b in m["variants"].items():
             flags = WEIGHT_VARIANTS[name].replace("\n", ", ")
             if b.missing:
                 report(f"| {m['label']} | {flags} | {b.missing} | n/a | n/a | n/a | n/a |")
                 continue
-            report(f"| {m['label']} | {flags}{' (the cold build)' if b is m['cold'] else ''} | {b.wall:.1f} | {b.wall / m['aoti']['wall']:.2f} | "
-                   f"{mb(b.summary['wheel']):.1f} | {b.calls['import']:.2f} + {b.calls['first']:.3f} | {stage_line(b.summary)} |")
+            report(
+                f"| {m['label']} | {flags}{' (the cold build)' if b is m['cold'] else ''} | {b.wall:.1f} | {b.wall / m['aoti']['wall']:.2f} | "
+                f"{mb(b.summary['wheel']):.1f} | {b.calls['import']:.2f} + {b.calls['first']:.3f} | {stage_line(b.summary)} |"
+            )
 
-    report("\nload_weights(model.state_dict()) of a new checkpoint (every parameter moved by 1%) against rebuilding\n\n"
-           "| model | flags | load_weights s | full cold rebuild s | load / rebuild | max abs err vs new eager: before, after |\n"
-           "| --- | --- | --- | --- | --- | --- |")
+    report(
+        "\nload_weights(model.state_dict()) of a new checkpoint (every parameter moved by 1%) against rebuilding\n\n"
+        "| model | flags | load_weights s | full cold rebuild s | load / rebuild | max abs err vs new eager: before, after |\n"
+        "| --- | --- | --- | --- | --- | --- |"
+    )
     for m in models:
         for name, b in m["variants"].items():
             if not name.startswith("file"):
@@ -381,18 +464,29 @@ def model_tables(results: dict[str, dict[str, Any]], report: Report) -> None:
                 why = b.missing or f"n/a: {lw['error']}"
                 report(f"| {m['label']} | {flags} | {why} | {'n/a' if b.missing else f'{b.wall:.1f}'} | n/a | n/a |")
                 continue
-            report(f"| {m['label']} | {flags} | {lw['seconds']:.3f} | {b.wall:.1f} | {lw['seconds'] / b.wall:.4f} | "
-                   f"{lw['err_before']:.2e}, {lw['err_after']:.2e} |")
+            report(
+                f"| {m['label']} | {flags} | {lw['seconds']:.3f} | {b.wall:.1f} | {lw['seconds'] / b.wall:.4f} | "
+                f"{lw['err_before']:.2e}, {lw['err_after']:.2e} |"
+            )
 
 
-def resnet_extras(tmp: Path, user_cache: Path, cold: Built, first: tuple[float, dict[str, Any]], aoti_wall: float,
-                  report: Report, results: dict[str, float]) -> None:
+def resnet_extras(
+    tmp: Path,
+    user_cache: Path,
+    cold: Built,
+    first: tuple[float, dict[str, Any]],
+    aoti_wall: float,
+    report: Report,
+    results: dict[str, float],
+) -> None:
     """ResNet-18 only: first-ever build, C++ compile against one -O3 TU, no-op rebuild, multi-graph project, flag variants."""
     resnet_spec = MODELS["resnet"][1]
     first_wall, first_summary = first
     results["first_ratio"] = first_wall / aoti_wall
-    report(f"\n## ResNet-18: toolchain, compile, rebuilds, flags\nshimgen, first build on this machine (empty per-user cache: "
-           f"toolchain probe and PCH): {first_wall:.1f}s wall; stages (s) {stage_line(first_summary)}")
+    report(
+        f"\n## ResNet-18: toolchain, compile, rebuilds, flags\nshimgen, first build on this machine (empty per-user cache: "
+        f"toolchain probe and PCH): {first_wall:.1f}s wall; stages (s) {stage_line(first_summary)}"
+    )
 
     # C++ compile portion: PCH + split + O1 wrapper (ninja, 2 cores) vs one monolithic -O3 TU.
     build_dir = Path(cold.summary["package_dir"]).parent
@@ -413,14 +507,20 @@ def resnet_extras(tmp: Path, user_cache: Path, cold: Built, first: tuple[float, 
     convnet = REPO / "projects" / "models" / "convnet.py"
     original = convnet.read_text()
     try:
-        convnet.write_text(original.replace("return self.head(self.features(x).mean(dim=(2, 3)))",
-                                            "return self.head(self.features(x).amax(dim=(2, 3)))"))
+        convnet.write_text(
+            original.replace(
+                "return self.head(self.features(x).mean(dim=(2, 3)))",
+                "return self.head(self.features(x).amax(dim=(2, 3)))",
+            )
+        )
         one_wall, one = shimgen_build(zoo, tmp / "zoo", fresh_env(tmp, "zoo", user_cache), "--no-cache")
     finally:
         convnet.write_text(original)
     results["one_graph_ratio"] = one_wall / zoo_wall
-    report(f"zoo (3 graphs) full build {zoo_wall:.1f}s; convnet.py edited: rebuild {one_wall:.1f}s "
-           f"(skipped: {', '.join(one['skipped'])}; compiled {one['compiled_units']['done']} of {one['compiled_units']['total']} steps)")
+    report(
+        f"zoo (3 graphs) full build {zoo_wall:.1f}s; convnet.py edited: rebuild {one_wall:.1f}s "
+        f"(skipped: {', '.join(one['skipped'])}; compiled {one['compiled_units']['done']} of {one['compiled_units']['total']} steps)"
+    )
 
     # Flag choices: C++ compile seconds and ResNet-18 batch-1 latency, same process order for all.
     variants = {
@@ -445,7 +545,9 @@ def resnet_extras(tmp: Path, user_cache: Path, cold: Built, first: tuple[float, 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="which models (default: all)")
+    parser.add_argument(
+        "--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="which models (default: all)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="shimgen-bench-"))
@@ -453,8 +555,10 @@ def main() -> None:
 
     import torch
 
-    report(f"# build_time.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
-           f"{os.cpu_count()} cores, torch {torch.__version__}, python {platform.python_version()}")
+    report(
+        f"# build_time.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, python {platform.python_version()}"
+    )
     user_cache = tmp / "user-cache"
 
     specs = [spec for _, spec in MODELS.values()] + [REPO / "projects" / "zoo.toml"]
@@ -471,15 +575,25 @@ def main() -> None:
             for n, flags in enumerate(dict.fromkeys(f.split("\n")[0] for f in WEIGHT_VARIANTS.values())):
                 if flags != f'weights = "{layouts[1]}"':
                     with spec_variant(tmp, f"warm{n}", flags) as spec:
-                        wall, warm = shimgen_build(spec, tmp / f"warm{n}", fresh_env(tmp, f"warm{n}", user_cache), "--no-cache")
-                    report(f"per-user cache warmed for {flags} (not counted): {wall:.1f}s, prebuilt {warm['stages'].get('prebuilt', 0):.1f}s")
+                        wall, warm = shimgen_build(
+                            spec, tmp / f"warm{n}", fresh_env(tmp, f"warm{n}", user_cache), "--no-cache"
+                        )
+                    report(
+                        f"per-user cache warmed for {flags} (not counted): {wall:.1f}s, prebuilt {warm['stages'].get('prebuilt', 0):.1f}s"
+                    )
         run_all(args.models, tmp, user_cache, report, layouts, first)
     report.save(args.out / "build_time.md")
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def run_all(models: list[str], tmp: Path, user_cache: Path, report: Report, layouts: tuple[str, str | None],
-            first: tuple[float, dict[str, Any]]) -> None:
+def run_all(
+    models: list[str],
+    tmp: Path,
+    user_cache: Path,
+    report: Report,
+    layouts: tuple[str, str | None],
+    first: tuple[float, dict[str, Any]],
+) -> None:
     figures: dict[str, float] = {}
     results = {key: bench_model(key, tmp, user_cache, report, layouts) for key in models}
     model_tables(results, report)
@@ -487,8 +601,12 @@ def run_all(models: list[str], tmp: Path, user_cache: Path, report: Report, layo
         resnet = results["resnet"]
         resnet_extras(tmp, user_cache, resnet["cold"], first, resnet["aoti"]["wall"], report, figures)
         report("\n| figure | value | goal |\n| --- | --- | --- |")
-        report(f"| cold end-to-end shimgen / AOTI, ResNet-18 | {resnet['cold'].wall / resnet['aoti']['wall']:.2f} | <= 0.6 |")
-        report(f"| the same, replaying resnet.toml.lock | {resnet['replay'].wall / resnet['aoti']['wall']:.2f} | <= 0.6 |")
+        report(
+            f"| cold end-to-end shimgen / AOTI, ResNet-18 | {resnet['cold'].wall / resnet['aoti']['wall']:.2f} | <= 0.6 |"
+        )
+        report(
+            f"| the same, replaying resnet.toml.lock | {resnet['replay'].wall / resnet['aoti']['wall']:.2f} | <= 0.6 |"
+        )
         report(f"| first-ever build (probe + PCH) / AOTI | {figures['first_ratio']:.2f} | |")
         report(f"| C++ compile shimgen / monolithic -O3 TU | {figures['compile_ratio']:.2f} | |")
         report(f"| no-op rebuild | {figures['noop_seconds']:.2f}s | <= 1 s |")

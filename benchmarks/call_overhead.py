@@ -93,11 +93,23 @@ class Model:
 
 
 MODELS = [
-    Model("bench.toml", "mlp_gelu", 1, 1e-3, [Case("mlp", "tiny MLP (8 x residual GELU, Linear 32), batch 4, 1 thread", {"batch": 4})]),
-    Model("bench.toml", "minilm", 2, 2e-3, [
-        Case("bert1", "MiniLM-L12-H384 BERT, batch 1 x seq 128, 2 threads", {"batch": 1, "seq": 128}),
-        Case("bert8", "MiniLM-L12-H384 BERT, batch 8 x seq 128, 2 threads", {"batch": 8, "seq": 128}),
-    ]),
+    Model(
+        "bench.toml",
+        "mlp_gelu",
+        1,
+        1e-3,
+        [Case("mlp", "tiny MLP (8 x residual GELU, Linear 32), batch 4, 1 thread", {"batch": 4})],
+    ),
+    Model(
+        "bench.toml",
+        "minilm",
+        2,
+        2e-3,
+        [
+            Case("bert1", "MiniLM-L12-H384 BERT, batch 1 x seq 128, 2 threads", {"batch": 1, "seq": 128}),
+            Case("bert8", "MiniLM-L12-H384 BERT, batch 8 x seq 128, 2 threads", {"batch": 8, "seq": 128}),
+        ],
+    ),
     Model("resnet.toml", "forward", 2, 1e-3, [Case("resnet", "ResNet-18, batch 1, 2 threads", {"batch": 1})]),
 ]
 
@@ -109,7 +121,9 @@ def contenders(model: Model, spec: Any, spec_dir: Path, package: Any, tmp: Path)
     program = export_graph(gm)
     tag = f"{Path(model.spec).stem}_{model.graph}"
     built = compiled_contenders(gm, program, tmp, tag, model.threads, [AOTI, AOTI_FREEZING, ORT])
-    out = Contenders({EAGER: module_binder(gm, gm.model), COMPILE: module_binder(gm, torch.compile(gm.model))}, built.missing)
+    out = Contenders(
+        {EAGER: module_binder(gm, gm.model), COMPILE: module_binder(gm, torch.compile(gm.model))}, built.missing
+    )
     out.binders.update(built.binders)
     out.binders[SHIMGEN] = module_binder(gm, getattr(package, model.graph))
     return gm, out
@@ -140,7 +154,14 @@ def goals(report: Report, figures: dict[str, dict[str, float]], import_s: float 
         rows.append(("tiny MLP shimgen / AOTI default <= 0.2", ratio("mlp", SHIMGEN, AOTI), 0.2, ""))
     for case, label in (("bert1", "BERT batch 1"), ("bert8", "BERT batch 8")):
         if case in figures:
-            rows.append((f"{label} shimgen / AOTI (better of default, freezing) <= 0.85", ratio(case, SHIMGEN, [AOTI, AOTI_FREEZING]), 0.85, ""))
+            rows.append(
+                (
+                    f"{label} shimgen / AOTI (better of default, freezing) <= 0.85",
+                    ratio(case, SHIMGEN, [AOTI, AOTI_FREEZING]),
+                    0.85,
+                    "",
+                )
+            )
             rows.append((f"{label} shimgen / ONNX Runtime <= 0.6", ratio(case, SHIMGEN, ORT), 0.6, ""))
     if "resnet" in figures:
         rows.append(("ResNet-18 shimgen / AOTI freezing <= 0.85", ratio("resnet", SHIMGEN, AOTI_FREEZING), 0.85, ""))
@@ -148,7 +169,13 @@ def goals(report: Report, figures: dict[str, dict[str, float]], import_s: float 
         rows.append(("tiny MLP import + first call <= 0.3 s", import_s, 0.3, "s"))
     report("\n| goal | measured | met |\n| --- | --- | --- |")
     for text, value, limit, unit in rows:
-        shown = "not measured" if value is None else f"{value:.3f} s" if unit == "s" else f"{value:.2f}" + (f" {unit}" if unit else "")
+        shown = (
+            "not measured"
+            if value is None
+            else f"{value:.3f} s"
+            if unit == "s"
+            else f"{value:.2f}" + (f" {unit}" if unit else "")
+        )
         met = "" if value is None else "yes" if value <= limit else "no"
         report(f"| {text} | {shown} | {met} |")
 
@@ -162,15 +189,21 @@ def first_call_seconds(package_dir: str, aoti_packages: dict[str, Path], repeats
     out = {SHIMGEN: statistics.median(seconds(IMPORT_SCRIPT, package_dir) for _ in range(repeats))}
     for name, path in aoti_packages.items():
         if path.is_file():
-            out[f"{name} (aoti_load_package)"] = statistics.median(seconds(AOTI_IMPORT_SCRIPT, str(path)) for _ in range(max(1, repeats - 2)))
+            out[f"{name} (aoti_load_package)"] = statistics.median(
+                seconds(AOTI_IMPORT_SCRIPT, str(path)) for _ in range(max(1, repeats - 2))
+            )
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short timing blocks, for a smoke test")
-    parser.add_argument("--case", action="append", choices=[c.key for m in MODELS for c in m.cases], help="only these cases")
-    parser.add_argument("--out", type=Path, help="where call_overhead.md goes (default: benchmarks/results for a full run)")
+    parser.add_argument(
+        "--case", action="append", choices=[c.key for m in MODELS for c in m.cases], help="only these cases"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="where call_overhead.md goes (default: benchmarks/results for a full run)"
+    )
     parser.add_argument("--work", type=Path, help="build directory, kept (default: a fresh temporary one)")
     args = parser.parse_args()
     partial_run = args.quick or args.case
@@ -182,18 +215,24 @@ def main() -> None:
 
     try:
         import onnxruntime
+
         ort_version = f"onnxruntime {onnxruntime.__version__}"
     except ImportError as exc:
         ort_version = f"no onnxruntime ({exc})"
     import transformers
-    report(f"# call_overhead.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} cores, "
-           f"torch {torch.__version__}, transformers {transformers.__version__}, {ort_version}, python {platform.python_version()}"
-           + (", --quick" if args.quick else ""))
-    report(f"\nTime per call: median of {blocks} blocks of about {block_seconds} s per contender, the contenders' blocks taking "
-           "turns. Every compiled contender compiles the program shimgen exports (the spec's model, example inputs, dynamic "
-           "dims), under the case's thread count, and is checked against eager first. AOTI runs through its loader's `run`; "
-           "ONNX Runtime through `InferenceSession.run` on numpy views of the inputs (CPU execution provider, intra-op "
-           "threads = the case's, inter-op 1), its model exported by `torch.onnx.export(..., dynamo=True)`.")
+
+    report(
+        f"# call_overhead.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, {ort_version}, python {platform.python_version()}"
+        + (", --quick" if args.quick else "")
+    )
+    report(
+        f"\nTime per call: median of {blocks} blocks of about {block_seconds} s per contender, the contenders' blocks taking "
+        "turns. Every compiled contender compiles the program shimgen exports (the spec's model, example inputs, dynamic "
+        "dims), under the case's thread count, and is checked against eager first. AOTI runs through its loader's `run`; "
+        "ONNX Runtime through `InferenceSession.run` on numpy views of the inputs (CPU execution provider, intra-op "
+        "threads = the case's, inter-op 1), its model exported by `torch.onnx.export(..., dynamo=True)`."
+    )
 
     models = [m for m in MODELS if not args.case or any(c.key in args.case for c in m.cases)]
     figures: dict[str, dict[str, float]] = {}
@@ -216,26 +255,35 @@ def main() -> None:
                 with torch.no_grad():
                     expected = gm.model(*args_, **kwargs)
                 print(f"{case.title}: checking and timing", flush=True)
-                figures[case.key], wrong = measure(runs.binders, tensors, expected, model.tol, model.tol, block_seconds, blocks)
+                figures[case.key], wrong = measure(
+                    runs.binders, tensors, expected, model.tol, model.tol, block_seconds, blocks
+                )
                 failed += [f"{case.key}: {name}: {why}" for name, why in wrong.items()]
                 table(report, case.title, figures[case.key], {**runs.missing, **wrong})
 
     report("\n## shimgen builds\n")
     for name, summary in summaries.items():
         flags = non_default_flags(load_spec(REPO / "projects" / name))
-        report(f"- projects/{name}: " + (f"[flags] differing from the defaults: {flags}" if flags else "shimgen's default flags")
-               + f"; stages {summary['stages']}")
+        report(
+            f"- projects/{name}: "
+            + (f"[flags] differing from the defaults: {flags}" if flags else "shimgen's default flags")
+            + f"; stages {summary['stages']}"
+        )
         for line in kernel_choice_lines(summary):
             report(f"  {line}")
 
     import_s = None
     if "mlp" in figures:
-        first = first_call_seconds(summaries["bench.toml"]["package_dir"],
-                                   {AOTI: tmp / "bench_mlp_gelu_aoti.pt2", AOTI_FREEZING: tmp / "bench_mlp_gelu_aoti_freezing.pt2"},
-                                   2 if args.quick else 5)
+        first = first_call_seconds(
+            summaries["bench.toml"]["package_dir"],
+            {AOTI: tmp / "bench_mlp_gelu_aoti.pt2", AOTI_FREEZING: tmp / "bench_mlp_gelu_aoti_freezing.pt2"},
+            2 if args.quick else 5,
+        )
         import_s = first[SHIMGEN]
-        report("\nimport + first call, tiny MLP (after `import torch`), median: "
-               + ", ".join(f"{name} {s:.3f} s" for name, s in first.items()))
+        report(
+            "\nimport + first call, tiny MLP (after `import torch`), median: "
+            + ", ".join(f"{name} {s:.3f} s" for name, s in first.items())
+        )
     goals(report, figures, import_s)
     if out:
         report.save(out / "call_overhead.md")

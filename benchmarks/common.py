@@ -27,7 +27,14 @@ Call = Callable[[], Any]
 # that does not depend on the call (argument lists, ONNX Runtime's feeds) is bound beforehand.
 Binder = Callable[[list[Any]], Call]
 
-EAGER, COMPILE, AOTI, AOTI_FREEZING, ORT, SHIMGEN = "eager", "torch.compile", "AOTI default", "AOTI freezing", "ONNX Runtime", "shimgen"
+EAGER, COMPILE, AOTI, AOTI_FREEZING, ORT, SHIMGEN = (
+    "eager",
+    "torch.compile",
+    "AOTI default",
+    "AOTI freezing",
+    "ONNX Runtime",
+    "shimgen",
+)
 
 
 class Report:
@@ -58,9 +65,13 @@ def run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = No
     return time.perf_counter() - start, result.stdout
 
 
-def shimgen_build(spec: Path, out: Path, env: dict[str, str] | None = None, *extra: str) -> tuple[float, dict[str, Any]]:
+def shimgen_build(
+    spec: Path, out: Path, env: dict[str, str] | None = None, *extra: str
+) -> tuple[float, dict[str, Any]]:
     """(wall seconds, the --json summary) of `shimgen build`, from the source tree."""
-    seconds, stdout = run([sys.executable, "-m", "shimgen", "build", str(spec), "--out", str(out), "--json", *extra], env, cwd=REPO)
+    seconds, stdout = run(
+        [sys.executable, "-m", "shimgen", "build", str(spec), "--out", str(out), "--json", *extra], env, cwd=REPO
+    )
     return seconds, json.loads(stdout)
 
 
@@ -77,7 +88,11 @@ def non_default_flags(spec: Any) -> dict[str, Any]:
     from shimgen.spec import Flags
 
     defaults = Flags()
-    return {f.name: getattr(spec.flags, f.name) for f in fields(Flags) if getattr(spec.flags, f.name) != getattr(defaults, f.name)}
+    return {
+        f.name: getattr(spec.flags, f.name)
+        for f in fields(Flags)
+        if getattr(spec.flags, f.name) != getattr(defaults, f.name)
+    }
 
 
 def kernel_choice_lines(summary: dict[str, Any]) -> list[str]:
@@ -87,12 +102,15 @@ def kernel_choice_lines(summary: dict[str, Any]) -> list[str]:
         for c in choices:
             others = ", ".join(f"{name} {us:g}" for name, us in c["us"].items() if name != c["picked"])
             count = f" x{c['count']}" if c["count"] > 1 else ""
-            lines.append(f"- kernel_choices, {unit}: {c['op']}({', '.join(c['sizes'])}){count}: {c['picked']} {c['us'][c['picked']]:g} µs"
-                         + (f"; {others}" if others else ""))
+            lines.append(
+                f"- kernel_choices, {unit}: {c['op']}({', '.join(c['sizes'])}){count}: {c['picked']} {c['us'][c['picked']]:g} µs"
+                + (f"; {others}" if others else "")
+            )
     return lines
 
 
 # --- timing ---------------------------------------------------------------------------------------
+
 
 def per_call_us(fn: Call, calls: int, blocks: int = 7) -> float:
     """Median over `blocks` timed blocks of `calls` calls each, after a warm-up, in µs per call."""
@@ -141,6 +159,7 @@ def show_time(us: float) -> str:
 
 # --- a spec's graph and its contenders ------------------------------------------------------------
 
+
 @dataclass
 class GraphModel:
     """One graph of a spec with its model, loaded the way shimgen's trace and check load it."""
@@ -168,8 +187,10 @@ class GraphModel:
     def split(self, tensors: list[Any]) -> tuple[list[Any], dict[str, Any]]:
         """(positional, keyword) arguments of the model, as the spec declares its inputs."""
         inputs = self.graph.inputs
-        return ([t for inp, t in zip(inputs, tensors, strict=True) if not inp.keyword],
-                {inp.name: t for inp, t in zip(inputs, tensors, strict=True) if inp.keyword})
+        return (
+            [t for inp, t in zip(inputs, tensors, strict=True) if not inp.keyword],
+            {inp.name: t for inp, t in zip(inputs, tensors, strict=True) if inp.keyword},
+        )
 
 
 def load_spec(path: Path) -> Any:
@@ -276,7 +297,9 @@ def short_error(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def compiled_contenders(gm: GraphModel, program: Any, tmp: Path, tag: str, threads: int, names: Sequence[str]) -> Contenders:
+def compiled_contenders(
+    gm: GraphModel, program: Any, tmp: Path, tag: str, threads: int, names: Sequence[str]
+) -> Contenders:
     """The compiled contenders among `names` (AOTI default, AOTI freezing, ONNX Runtime) of the exported
     `program`, generated under the current torch thread count (Inductor sizes its OpenMP teams by it)."""
     import torch
@@ -299,7 +322,11 @@ def tensors_of(output: Any) -> list[Any]:
     import torch.utils._pytree as pytree
 
     leaves = pytree.tree_leaves(output)
-    return [torch.from_numpy(x) if isinstance(x, np.ndarray) else x for x in leaves if isinstance(x, (torch.Tensor, np.ndarray))]
+    return [
+        torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        for x in leaves
+        if isinstance(x, (torch.Tensor, np.ndarray))
+    ]
 
 
 def differs(got: Any, want: Any, rtol: float, atol: float) -> str:
@@ -317,8 +344,15 @@ def differs(got: Any, want: Any, rtol: float, atol: float) -> str:
     return ""
 
 
-def measure(binders: dict[str, Binder], tensors: list[Any], expected: Any, rtol: float, atol: float,
-            block_seconds: float, blocks: int) -> tuple[dict[str, float], dict[str, str]]:
+def measure(
+    binders: dict[str, Binder],
+    tensors: list[Any],
+    expected: Any,
+    rtol: float,
+    atol: float,
+    block_seconds: float,
+    blocks: int,
+) -> tuple[dict[str, float], dict[str, str]]:
     """(µs per call, failures): every contender bound to `tensors` and called once (torch.compile
     compiles then), its output checked against `expected`, then the ones that match timed side by side."""
     import torch

@@ -77,22 +77,38 @@ def bench(spec_path: Path, work: Path, quick: bool, report: Report) -> None:
             with torch.no_grad():
                 expected = gm.model(*gm.split(tensors)[0], **gm.split(tensors)[1])
             contenders = compiled_contenders(gm, program, work, graph.name, 1, [AOTI, AOTI_FREEZING])
-            binders = {EAGER: module_binder(gm, gm.model), **contenders.binders,
-                       SHIMGEN: module_binder(gm, getattr(package, graph.name))}
+            binders = {
+                EAGER: module_binder(gm, gm.model),
+                **contenders.binders,
+                SHIMGEN: module_binder(gm, getattr(package, graph.name)),
+            }
             if device == "cuda":
                 binders = {name: synchronized(b) for name, b in binders.items()}
-            us, failures = measure(binders, tensors, expected, graph.rtol, graph.atol, 0.05 if quick else 0.3, 3 if quick else 9)
+            us, failures = measure(
+                binders, tensors, expected, graph.rtol, graph.atol, 0.05 if quick else 0.3, 3 if quick else 9
+            )
             ops = ", ".join(sorted(set(_ops_called(program))))
             shape = ", ".join(f"{t.dtype}{list(t.shape)}".replace("torch.", "") for t in tensors)
-            row = [show_time(us[c]) if c in us else (failures.get(c) or contenders.missing.get(c, "-")) for c in COLUMNS]
-            ratio = f"{us[SHIMGEN] / min(us[AOTI], us[AOTI_FREEZING]):.2f}" if {SHIMGEN, AOTI, AOTI_FREEZING} <= set(us) else "-"
+            row = [
+                show_time(us[c]) if c in us else (failures.get(c) or contenders.missing.get(c, "-")) for c in COLUMNS
+            ]
+            ratio = (
+                f"{us[SHIMGEN] / min(us[AOTI], us[AOTI_FREEZING]):.2f}"
+                if {SHIMGEN, AOTI, AOTI_FREEZING} <= set(us)
+                else "-"
+            )
             report(f"| {spec_path.name}:{graph.name} ({ops}; {shape}) | {' | '.join(row)} | {ratio} |")
     report(f"\n{spec_path.name}: shimgen build {seconds:.1f} s (cold: new build directory).")
 
 
 def _ops_called(program: torch.export.ExportedProgram) -> list[str]:
-    return [str(n.target).removesuffix(".default") for n in program.graph.nodes
-            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) and n.target.namespace not in ("aten", "prims")]
+    return [
+        str(n.target).removesuffix(".default")
+        for n in program.graph.nodes
+        if n.op == "call_function"
+        and isinstance(n.target, torch._ops.OpOverload)
+        and n.target.namespace not in ("aten", "prims")
+    ]
 
 
 def main() -> None:
@@ -106,10 +122,14 @@ def main() -> None:
     device = load_spec(specs[0]).target[0].device
     torch.set_num_threads(1)
     report = Report()
-    where = torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or platform.machine()}, 1 thread"
+    where = (
+        torch.cuda.get_device_name() if device == "cuda" else f"{platform.processor() or platform.machine()}, 1 thread"
+    )
     report(f"# Custom ops: µs per call ({where}; torch {torch.__version__})\n")
-    report("AOTI is given what its users must set up by hand: the ops' library loaded and their modules imported. "
-           "Ratio: shimgen / the faster AOTI.\n")
+    report(
+        "AOTI is given what its users must set up by hand: the ops' library loaded and their modules imported. "
+        "Ratio: shimgen / the faster AOTI.\n"
+    )
     report(f"| graph | {' | '.join(COLUMNS)} | ratio |")
     report("|" + " --- |" * (len(COLUMNS) + 2))
     with tempfile.TemporaryDirectory(prefix="shimgen-bench-") as tmp:

@@ -77,8 +77,18 @@ print(exported - start, time.perf_counter() - exported)
 
 
 # spec suffix: (cuda_graphs, max_autotune, gemm_autotune)
-VARIANTS = {"": (False, False, True), "_cublas": (False, False, False), "_graphs": (True, False, True), "_autotune": (False, True, True)}
-SHIMS = {"": "shimgen", "_cublas": "shimgen gemm_autotune=false", "_graphs": "shimgen cuda_graphs", "_autotune": "shimgen max_autotune"}
+VARIANTS = {
+    "": (False, False, True),
+    "_cublas": (False, False, False),
+    "_graphs": (True, False, True),
+    "_autotune": (False, True, True),
+}
+SHIMS = {
+    "": "shimgen",
+    "_cublas": "shimgen gemm_autotune=false",
+    "_graphs": "shimgen cuda_graphs",
+    "_autotune": "shimgen max_autotune",
+}
 
 
 def arch() -> str:
@@ -95,8 +105,18 @@ def write_specs(root: Path) -> dict[str, Path]:
                 continue  # autotuning ResNet's convolutions takes minutes
             name = f"bench_{model}{suffix}"
             specs[name] = root / f"{name}.toml"
-            specs[name].write_text(SPEC.format(name=name, entry=entry, kwargs=kwargs, shape=shape, arch=arch(),
-                                               graphs=str(graphs).lower(), autotune=str(autotune).lower(), gemm=str(gemm).lower()))
+            specs[name].write_text(
+                SPEC.format(
+                    name=name,
+                    entry=entry,
+                    kwargs=kwargs,
+                    shape=shape,
+                    arch=arch(),
+                    graphs=str(graphs).lower(),
+                    autotune=str(autotune).lower(),
+                    gemm=str(gemm).lower(),
+                )
+            )
     return specs
 
 
@@ -125,12 +145,17 @@ def per_call_us(fn: Callable[[], Any], calls: int, blocks: int = 7) -> float:
     return statistics.median(samples)
 
 
-def contenders(model: torch.nn.Module, x: torch.Tensor, shims: dict[str, Callable], tmp: Path, tag: str) -> dict[str, Callable[[], Any]]:
+def contenders(
+    model: torch.nn.Module, x: torch.Tensor, shims: dict[str, Callable], tmp: Path, tag: str
+) -> dict[str, Callable[[], Any]]:
     with torch.no_grad():
         program = torch.export.export(model, (x,))
         # AOTI's own build: /usr/bin/g++ where the image's default compiler makes unloadable libraries.
         package = torch._inductor.aoti_compile_and_package(
-            program, package_path=str(tmp / f"{tag}.pt2"), inductor_configs={"freezing": True, "cpp.cxx": (None, "/usr/bin/g++")})
+            program,
+            package_path=str(tmp / f"{tag}.pt2"),
+            inductor_configs={"freezing": True, "cpp.cxx": (None, "/usr/bin/g++")},
+        )
         loader = torch._inductor.aoti_load_package(package).loader
         compiled = torch.compile(model)
         compiled(x)
@@ -158,19 +183,26 @@ def calls_part(tmp: Path, report: Callable[[str], None]) -> dict[str, dict[str, 
         wall, built[name] = shimgen_build(spec, tmp / "out")
         report(f"| {name} | {wall:.1f} |")
     figures: dict[str, dict[str, float]] = {}
-    cases = [("tiny MLP (8 x Linear 32), batch 4", lambda: mlp(32, 8), (4, 32), 2000, "mlp"),
-             ("ResNet-18, batch 1", lambda: resnet18(num_classes=1000), (1, 3, 224, 224), 200, "resnet")]
+    cases = [
+        ("tiny MLP (8 x Linear 32), batch 4", lambda: mlp(32, 8), (4, 32), 2000, "mlp"),
+        ("ResNet-18, batch 1", lambda: resnet18(num_classes=1000), (1, 3, 224, 224), 200, "resnet"),
+    ]
     for title, make_model, shape, calls, tag in cases:
         torch.manual_seed(0)  # as shimgen builds the spec's model (graph seed 0)
         model, x = make_model().eval().cuda(), torch.randn(shape).cuda()
         with torch.no_grad():
-            shims = {label: import_built(built[f"bench_{tag}{suffix}"]).forward
-                     for suffix, label in SHIMS.items() if f"bench_{tag}{suffix}" in built}
+            shims = {
+                label: import_built(built[f"bench_{tag}{suffix}"]).forward
+                for suffix, label in SHIMS.items()
+                if f"bench_{tag}{suffix}" in built
+            }
             runs = contenders(model, x, shims, tmp, tag)
             want = model(x)
             for name, fn in runs.items():
                 got = fn()
-                torch.testing.assert_close(got[0] if name == "AOTI loader.run" else got, want, rtol=1e-2, atol=1e-2, msg=name)
+                torch.testing.assert_close(
+                    got[0] if name == "AOTI loader.run" else got, want, rtol=1e-2, atol=1e-2, msg=name
+                )
             figures[title] = {name: per_call_us(fn, calls) for name, fn in runs.items()}
             launch = {name: host_us(fn, calls // 10) for name, fn in runs.items()}
         report(f"\n## {title}\n\n| contender | µs per call | ratio to shimgen | host µs |\n| --- | --- | --- | --- |")
@@ -181,12 +213,18 @@ def calls_part(tmp: Path, report: Callable[[str], None]) -> dict[str, dict[str, 
     report(f"| tiny MLP shimgen / AOTI loader.run <= 0.9 | {mlp_f['shimgen'] / mlp_f['AOTI loader.run']:.2f} |")
     report(f"| ResNet-18 shimgen / AOTI loader.run <= 0.9 | {res_f['shimgen'] / res_f['AOTI loader.run']:.2f} |")
     for title, f in figures.items():
-        report(f"| {title}: shimgen gemm_autotune=false (AOTI's kernels) / AOTI loader.run | "
-               f"{f['shimgen gemm_autotune=false'] / f['AOTI loader.run']:.2f} |")
-    report(f"| tiny MLP shimgen cuda_graphs / reduce-overhead <= 0.6 | "
-           f"{mlp_f['shimgen cuda_graphs'] / mlp_f['torch.compile reduce-overhead']:.2f} |")
-    report(f"| ResNet-18 shimgen cuda_graphs / reduce-overhead | "
-           f"{res_f['shimgen cuda_graphs'] / res_f['torch.compile reduce-overhead']:.2f} |")
+        report(
+            f"| {title}: shimgen gemm_autotune=false (AOTI's kernels) / AOTI loader.run | "
+            f"{f['shimgen gemm_autotune=false'] / f['AOTI loader.run']:.2f} |"
+        )
+    report(
+        f"| tiny MLP shimgen cuda_graphs / reduce-overhead <= 0.6 | "
+        f"{mlp_f['shimgen cuda_graphs'] / mlp_f['torch.compile reduce-overhead']:.2f} |"
+    )
+    report(
+        f"| ResNet-18 shimgen cuda_graphs / reduce-overhead | "
+        f"{res_f['shimgen cuda_graphs'] / res_f['torch.compile reduce-overhead']:.2f} |"
+    )
     return figures
 
 
@@ -194,28 +232,44 @@ def build_part(tmp: Path, report: Callable[[str], None]) -> None:
     specs = write_specs(tmp / "build-projects")
 
     def fresh(tag: str) -> dict[str, str]:
-        return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{tag}"), "TRITON_CACHE_DIR": str(tmp / f"triton-{tag}")}
+        return {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{tag}"),
+            "TRITON_CACHE_DIR": str(tmp / f"triton-{tag}"),
+        }
 
     # What a machine's first shimgen build pays once (toolchain probe, prebuilt headers, cached per
     # user) is paid here by another project, so both contenders start from a cold project.
     warm_wall, _ = shimgen_build(specs["bench_mlp_cublas"], tmp / "warm-up", fresh("warm-up"))
-    report(f"\nshimgen's first build on this machine (tiny MLP; fills the per-user toolchain and prebuilt caches): {warm_wall:.1f}s")
+    report(
+        f"\nshimgen's first build on this machine (tiny MLP; fills the per-user toolchain and prebuilt caches): {warm_wall:.1f}s"
+    )
     script = AOTI_SCRIPT.format(projects=str(REPO / "projects"), package=str(tmp / "cold.pt2"))
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env={**fresh("aoti"), "CXX": "/usr/bin/g++"})
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env={**fresh("aoti"), "CXX": "/usr/bin/g++"}
+    )
     aoti_wall = time.perf_counter() - start
     if result.returncode != 0:
         sys.exit(result.stderr[-4000:])
     export_s, compile_s = map(float, result.stdout.split())
-    report(f"AOTI export + aoti_compile_and_package, ResNet-18 cuda: {aoti_wall:.1f}s wall "
-           f"(export {export_s:.1f}s, codegen+compile {compile_s:.1f}s)")
+    report(
+        f"AOTI export + aoti_compile_and_package, ResNet-18 cuda: {aoti_wall:.1f}s wall "
+        f"(export {export_s:.1f}s, codegen+compile {compile_s:.1f}s)"
+    )
     walls = {}
     for suffix in ("", "_cublas"):
-        walls[suffix], cold = shimgen_build(specs[f"bench_resnet{suffix}"], tmp / f"cold{suffix}", fresh(f"shimgen{suffix}"))
-        report(f"shimgen build bench_resnet{suffix}, cold project (per-user prebuilt cache warm): {walls[suffix]:.1f}s wall; stages {cold['stages']}")
+        walls[suffix], cold = shimgen_build(
+            specs[f"bench_resnet{suffix}"], tmp / f"cold{suffix}", fresh(f"shimgen{suffix}")
+        )
+        report(
+            f"shimgen build bench_resnet{suffix}, cold project (per-user prebuilt cache warm): {walls[suffix]:.1f}s wall; stages {cold['stages']}"
+        )
     noop_wall, _ = shimgen_build(specs["bench_resnet"], tmp / "cold", fresh("shimgen"))
-    report(f"\n| figure | value |\n| --- | --- |\n| cold build shimgen / AOTI | {walls[''] / aoti_wall:.2f} |\n"
-           f"| cold build shimgen gemm_autotune=false / AOTI | {walls['_cublas'] / aoti_wall:.2f} |\n| no-op rebuild | {noop_wall:.2f}s |")
+    report(
+        f"\n| figure | value |\n| --- | --- |\n| cold build shimgen / AOTI | {walls[''] / aoti_wall:.2f} |\n"
+        f"| cold build shimgen gemm_autotune=false / AOTI | {walls['_cublas'] / aoti_wall:.2f} |\n| no-op rebuild | {noop_wall:.2f}s |"
+    )
 
 
 def main() -> None:
@@ -231,13 +285,17 @@ def main() -> None:
         # crash when loaded, which shimgen's toolchain probe detects for shimgen's builds.
         os.environ["CXX"] = "/usr/bin/g++"
     gpu = torch.cuda.get_device_name()
-    report(f"# gpu.py, {time.strftime('%Y-%m-%d %H:%M')}, {gpu} ({arch()}), torch {torch.__version__}, "
-           f"python {platform.python_version()}, {os.cpu_count()} cores")
+    report(
+        f"# gpu.py, {time.strftime('%Y-%m-%d %H:%M')}, {gpu} ({arch()}), torch {torch.__version__}, "
+        f"python {platform.python_version()}, {os.cpu_count()} cores"
+    )
     if args.part in ("calls", "all"):
         calls_part(tmp, report)
     if args.part in ("build", "all"):
         build_part(tmp, report)
-    name = "gpu_" + gpu.replace("NVIDIA ", "").replace(" ", "_").lower() + ("" if args.part == "all" else f"_{args.part}")
+    name = (
+        "gpu_" + gpu.replace("NVIDIA ", "").replace(" ", "_").lower() + ("" if args.part == "all" else f"_{args.part}")
+    )
     report.save(args.out / f"{name}.md")
 
 

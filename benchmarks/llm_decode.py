@@ -11,7 +11,8 @@ Every contender first generates greedily from the same prompt and must give eage
 turn, the rounds alternating: prefill (the prompt, from position 0) and a greedy decode of `--tokens` tokens after it,
 each step feeding back the argmax (a host read per token, as generation does).
 
-    python benchmarks/llm_decode.py --config small|smollm2 [--device cpu|cuda] [--prompt 128] [--tokens 64] [--threads 2]
+    python benchmarks/llm_decode.py --config small|smollm2 [--device cpu|cuda] [--prompt 128] [--tokens 64] [--threads
+    2]
 """
 
 from __future__ import annotations
@@ -31,25 +32,33 @@ from common import REPO, Report, shimgen_build
 # models.llm.llama's keyword arguments, and what they make.
 CONFIGS = {
     "small": ({}, "projects/llm.toml's small LLaMA (hidden 64, 2 layers, vocab 128)"),
-    "smollm2": ({"hidden": 576, "layers": 30, "heads": 9, "kv_heads": 3, "intermediate": 1536, "vocab": 49152},
-                "SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV heads, vocab 49152; 135M parameters), random init"),
+    "smollm2": (
+        {"hidden": 576, "layers": 30, "heads": 9, "kv_heads": 3, "intermediate": 1536, "vocab": 49152},
+        "SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV heads, vocab 49152; 135M parameters), random init",
+    ),
 }
 Step = Callable[[Any, Any], Any]  # (input_ids, cache_position) -> logits
 
 
 def spec_text(config: dict[str, int], vocab: int, prompt: int, max_cache: int, device: str, arch: str) -> str:
-    target = f'\n[[target]]\ndevice = "cuda"\narchs = ["{arch}"]\n\n[flags]\ncuda_graphs = true\n' if device == "cuda" else ""
+    target = (
+        f'\n[[target]]\ndevice = "cuda"\narchs = ["{arch}"]\n\n[flags]\ncuda_graphs = true\n'
+        if device == "cuda"
+        else ""
+    )
     kwargs = "kwargs = { " + ", ".join(f"{k} = {v}" for k, v in {**config, "max_cache": max_cache}.items()) + " }\n"
     entry = "llama"
-    return (f'[project]\nname = "llm_bench"\n\n'
-            f'[[graph]]\nname = "prefill"\nentry = "models.llm:{entry}"\n{kwargs}'
-            f'inputs = [\n  {{ name = "input_ids", shape = [1, "seq"], dtype = "int64", high = {vocab} }},\n'
-            f'  {{ name = "cache_position", shape = ["seq"], dtype = "int64", values = "arange", keyword = true }},\n]\n'
-            f'dims = {{ seq = {{ min = 2, max = {prompt} }} }}\natol = 1e-3\nrtol = 1e-3\n\n'
-            f'[[graph]]\nname = "decode"\nentry = "models.llm:{entry}"\n{kwargs}'
-            f'inputs = [\n  {{ name = "input_ids", shape = [1, 1], dtype = "int64", high = {vocab} }},\n'
-            f'  {{ name = "cache_position", shape = [1], dtype = "int64", high = {max_cache}, keyword = true }},\n]\n'
-            f'atol = 1e-3\nrtol = 1e-3\n{target}')
+    return (
+        f'[project]\nname = "llm_bench"\n\n'
+        f'[[graph]]\nname = "prefill"\nentry = "models.llm:{entry}"\n{kwargs}'
+        f'inputs = [\n  {{ name = "input_ids", shape = [1, "seq"], dtype = "int64", high = {vocab} }},\n'
+        f'  {{ name = "cache_position", shape = ["seq"], dtype = "int64", values = "arange", keyword = true }},\n]\n'
+        f"dims = {{ seq = {{ min = 2, max = {prompt} }} }}\natol = 1e-3\nrtol = 1e-3\n\n"
+        f'[[graph]]\nname = "decode"\nentry = "models.llm:{entry}"\n{kwargs}'
+        f'inputs = [\n  {{ name = "input_ids", shape = [1, 1], dtype = "int64", high = {vocab} }},\n'
+        f'  {{ name = "cache_position", shape = [1], dtype = "int64", high = {max_cache}, keyword = true }},\n]\n'
+        f"atol = 1e-3\nrtol = 1e-3\n{target}"
+    )
 
 
 def generate(prefill: Step, decode: Step, prompt: Any, tokens: int) -> tuple[list[int], float, float]:
@@ -94,8 +103,10 @@ def main() -> int:
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else None
     arch = "sm_{}{}".format(*torch.cuda.get_device_capability()) if gpu else ""
     report(f"# LLM decoding: {label}\n")
-    report(f"{gpu or f'CPU, {args.threads} threads'}, torch {torch.__version__}; batch 1, prompt {args.prompt}, {args.tokens} tokens "
-           f"greedy, KV cache of {max_cache}; medians of {args.rounds} rounds, contenders alternating.\n")
+    report(
+        f"{gpu or f'CPU, {args.threads} threads'}, torch {torch.__version__}; batch 1, prompt {args.prompt}, {args.tokens} tokens "
+        f"greedy, KV cache of {max_cache}; medians of {args.rounds} rounds, contenders alternating.\n"
+    )
 
     with tempfile.TemporaryDirectory(prefix="shimgen-llm-") as tmp:
         root = Path(tmp)
@@ -109,8 +120,10 @@ def main() -> int:
         spec = root / "llm_bench.toml"
         spec.write_text(spec_text(config, vocab, args.prompt, max_cache, args.device, arch))
         seconds, summary = shimgen_build(spec, root)
-        report(f"shimgen build (cold for this spec, defaults{', cuda_graphs' if gpu else ''}): {seconds:.0f} s; "
-               f"stages {', '.join(f'{k} {v:.0f}s' for k, v in summary['stages'].items() if v >= 1)}\n")
+        report(
+            f"shimgen build (cold for this spec, defaults{', cuda_graphs' if gpu else ''}): {seconds:.0f} s; "
+            f"stages {', '.join(f'{k} {v:.0f}s' for k, v in summary['stages'].items() if v >= 1)}\n"
+        )
         sys.path.insert(0, summary["package_dir"])
         import llm_bench
 
@@ -132,8 +145,11 @@ def main() -> int:
             start = time.perf_counter()
             steps["AOTInductor"] = _aoti(root, args.device, summary)
             report(f"AOTInductor compile of both programs: {time.perf_counter() - start:.0f} s\n")
-        steps["shimgen"] = (lambda ids, pos: llm_bench.prefill(ids, cache_position=pos),
-                            lambda ids, pos: llm_bench.decode(ids, cache_position=pos), llm_bench.reset_state)
+        steps["shimgen"] = (
+            lambda ids, pos: llm_bench.prefill(ids, cache_position=pos),
+            lambda ids, pos: llm_bench.decode(ids, cache_position=pos),
+            llm_bench.reset_state,
+        )
 
         prompt = torch.randint(0, vocab, (1, args.prompt), generator=torch.Generator().manual_seed(0)).to(device)
         tokens: dict[str, list[int]] = {}
@@ -141,19 +157,25 @@ def main() -> int:
         with torch.no_grad():
             for name, (prefill, decode, reset) in steps.items():
                 reset()
-                tokens[name] = generate(prefill, decode, prompt, args.tokens)[0]  # also the warm-up (compiles, captures)
+                tokens[name] = generate(prefill, decode, prompt, args.tokens)[
+                    0
+                ]  # also the warm-up (compiles, captures)
             for _ in range(args.rounds):
                 for name, (prefill, decode, reset) in steps.items():
                     reset()
                     _, prefill_s, decode_s = generate(prefill, decode, prompt, args.tokens)
                     samples[name].append((prefill_s, decode_s))
-        report("| contender | greedy tokens equal eager | prefill (ms) | decode tokens/s | shimgen's decode tokens/s over it |")
+        report(
+            "| contender | greedy tokens equal eager | prefill (ms) | decode tokens/s | shimgen's decode tokens/s over it |"
+        )
         report("| --- | --- | --- | --- | --- |")
         rate = {name: (args.tokens - 1) / statistics.median(d for _, d in s) for name, s in samples.items()}
         for name, s in samples.items():
             same = "yes" if tokens[name] == tokens["eager"] else f"NO: {tokens[name][:8]}..."
-            report(f"| {name} | {same} | {statistics.median(p for p, _ in s) * 1e3:.2f} | {rate[name]:.1f} | "
-                   f"{rate['shimgen'] / rate[name]:.2f}x |")
+            report(
+                f"| {name} | {same} | {statistics.median(p for p, _ in s) * 1e3:.2f} | {rate[name]:.1f} | "
+                f"{rate['shimgen'] / rate[name]:.2f}x |"
+            )
         report(f"\neager's tokens: {tokens['eager'][:16]}...")
         if args.results:
             report.save(args.results)
@@ -172,7 +194,9 @@ def _aoti(root: Path, device: str, summary: dict[str, Any]) -> tuple[Step, Step,
     runners = {}
     for graph in ("prefill", "decode"):
         program = torch.export.load(str(root / "build" / "llm_bench" / "trace" / f"{graph}_{device}.pt2"))
-        path = torch._inductor.aoti_compile_and_package(program, package_path=str(root / f"aoti_{graph}.pt2"), inductor_configs=configs)
+        path = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(root / f"aoti_{graph}.pt2"), inductor_configs=configs
+        )
         runners[graph] = (torch._inductor.aoti_load_package(path), program)
     prefill_program = runners["prefill"][1]
     held = {**prefill_program.state_dict, **prefill_program.constants}
@@ -186,7 +210,11 @@ def _aoti(root: Path, device: str, summary: dict[str, Any]) -> tuple[Step, Step,
             t.zero_()
 
     prefill_loader, decode_loader = runners["prefill"][0].loader, runners["decode"][0].loader
-    return (lambda ids, pos: prefill_loader.run([ids, pos])[0], lambda ids, pos: decode_loader.run([ids, pos])[0], reset)
+    return (
+        lambda ids, pos: prefill_loader.run([ids, pos])[0],
+        lambda ids, pos: decode_loader.run([ids, pos])[0],
+        reset,
+    )
 
 
 if __name__ == "__main__":

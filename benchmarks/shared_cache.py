@@ -30,8 +30,22 @@ def _redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                               "--dir", str(directory)], stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     for _ in range(200):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
@@ -68,8 +82,10 @@ def main() -> None:
     spec = args.spec.resolve()
     report = Report()
     report(f"# Shared cache and reproducible wheels: {spec.relative_to(REPO)}\n")
-    report(f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores. Each build: empty HOME, fresh checkout "
-           "copy, fresh output directory; wall seconds include interpreter start.\n")
+    report(
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores. Each build: empty HOME, fresh checkout "
+        "copy, fresh output directory; wall seconds include interpreter start.\n"
+    )
     with tempfile.TemporaryDirectory(prefix="shimgen-shared-bench-") as tmp:
         root = Path(tmp)
         server, url = _redis(root)
@@ -81,14 +97,19 @@ def main() -> None:
             server.terminate()
         report("| build | seconds | stages | wheel sha256 |")
         report("|---|---|---|---|")
-        for label, seconds, summary in (("1. cold, filling the cache", cold, first), ("2. cold, no shared cache", again, second),
-                                        ("3. second machine, shared cache", shared, third)):
+        for label, seconds, summary in (
+            ("1. cold, filling the cache", cold, first),
+            ("2. cold, no shared cache", again, second),
+            ("3. second machine, shared cache", shared, third),
+        ):
             stages = ", ".join(f"{k} {v:.1f}" for k, v in summary["stages"].items())
             report(f"| {label} | {seconds:.1f} | {stages} | `{_sha256(summary['wheel'])[:16]}` |")
         report(f"\nShared-cache build / cold build: **{shared / cold:.2f}x** (goal <= 0.3).")
         report(f"Found in the shared cache by build 3: {', '.join(third['shared_cache']['found']) or 'nothing'}.")
         identical = len({_sha256(s["wheel"]) for s in (first, second, third)}) == 1
-        report(f"Wheels of the three builds byte-identical: **{'yes' if identical else 'NO'}** ({Path(first['wheel']).name}).")
+        report(
+            f"Wheels of the three builds byte-identical: **{'yes' if identical else 'NO'}** ({Path(first['wheel']).name})."
+        )
     report.save(args.out / f"shared_cache_{spec.stem}.md")
 
 

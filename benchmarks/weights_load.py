@@ -45,7 +45,11 @@ print(json.dumps({"import": imported - torch_done, "first_call": called - import
 
 def variant(spec: Path, weights: str) -> Path:
     text = spec.read_text().replace(f'name = "{spec.stem}"', f'name = "{spec.stem}_{weights}"', 1)
-    text = text.replace("[flags]", f'[flags]\nweights = "{weights}"', 1) if "[flags]" in text else text + f'\n[flags]\nweights = "{weights}"\n'
+    text = (
+        text.replace("[flags]", f'[flags]\nweights = "{weights}"', 1)
+        if "[flags]" in text
+        else text + f'\n[flags]\nweights = "{weights}"\n'
+    )
     path = spec.parent / f"_{spec.stem}_{weights}.toml"
     path.write_text(text)
     return path
@@ -67,19 +71,43 @@ def main() -> None:
             finally:
                 spec.unlink()
                 spec.with_name(spec.name + ".lock").unlink(missing_ok=True)
-            runs = [json.loads(subprocess.run([sys.executable, "-c", PROBE, summary["package_dir"], summary["name"]], check=True,
-                                              capture_output=True, text=True).stdout) for _ in range(args.runs)]
+            runs = [
+                json.loads(
+                    subprocess.run(
+                        [sys.executable, "-c", PROBE, summary["package_dir"], summary["name"]],
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                )
+                for _ in range(args.runs)
+            ]
             rows[weights] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
             rows[weights]["build"] = summary["elapsed"]
             rows[weights]["wheel_mb"] = Path(summary["wheel"]).stat().st_size / 1e6
     e, f = rows["embedded"], rows["file"]
-    report(f"# weights embedded or in a file: {args.spec.name}, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores\n")
+    report(
+        f"# weights embedded or in a file: {args.spec.name}, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores\n"
+    )
     report(f"Median of {args.runs} fresh interpreters each; memory (MiB) after import and one call.\n")
     report("| figure | embedded | file | file / embedded |\n| --- | --- | --- | --- |")
-    for name, key in [("build (s)", "build"), ("wheel (MB)", "wheel_mb"), ("import (s)", "import"), ("first call (s)", "first_call"),
-                          ("Rss", "Rss"), ("Pss", "Pss"), ("Anonymous (private heap)", "Anonymous"),
-                          ("Private_Dirty", "Private_Dirty"), ("Private_Clean", "Private_Clean"), ("Shared_Clean", "Shared_Clean")]:
-        report(f"| {name} | {e[key]:.3f} | {f[key]:.3f} | {f[key] / e[key]:.2f} |" if e[key] else f"| {name} | {e[key]:.3f} | {f[key]:.3f} | - |")
+    for name, key in [
+        ("build (s)", "build"),
+        ("wheel (MB)", "wheel_mb"),
+        ("import (s)", "import"),
+        ("first call (s)", "first_call"),
+        ("Rss", "Rss"),
+        ("Pss", "Pss"),
+        ("Anonymous (private heap)", "Anonymous"),
+        ("Private_Dirty", "Private_Dirty"),
+        ("Private_Clean", "Private_Clean"),
+        ("Shared_Clean", "Shared_Clean"),
+    ]:
+        report(
+            f"| {name} | {e[key]:.3f} | {f[key]:.3f} | {f[key] / e[key]:.2f} |"
+            if e[key]
+            else f"| {name} | {e[key]:.3f} | {f[key]:.3f} | - |"
+        )
     report.save(args.out / f"weights_load_{args.spec.stem}.md")
 
 

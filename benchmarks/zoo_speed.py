@@ -58,8 +58,17 @@ def wanted(spec: str, graph: str, only: list[str] | None) -> bool:
     return not only or any(o in (graph, f"{stem}:{graph}", f"{spec}:{graph}") for o in only)
 
 
-def time_graph(gm: Any, package: Any, program: Any, program_error: str, tmp: Path, tag: str, threads: int,
-               block_seconds: float, blocks: int) -> tuple[dict[str, float], dict[str, str]]:
+def time_graph(
+    gm: Any,
+    package: Any,
+    program: Any,
+    program_error: str,
+    tmp: Path,
+    tag: str,
+    threads: int,
+    block_seconds: float,
+    blocks: int,
+) -> tuple[dict[str, float], dict[str, str]]:
     """(µs per call, why not) of eager, AOTI default, AOTI freezing and shimgen at `threads`."""
     torch.set_num_threads(threads)
     runs = Contenders({EAGER: module_binder(gm, gm.model)})
@@ -81,8 +90,12 @@ def time_graph(gm: Any, package: Any, program: Any, program_error: str, tmp: Pat
 def graph_table(report: Report, title: str, rows: dict[int, tuple[dict[str, float], dict[str, str]]]) -> list[str]:
     """The graph's table (one row per thread count) and its footnotes; returns the rows where shimgen
     is more than 5% slower than an AOTI contender."""
-    report(f"\n### {title}\n\n| threads | " + " | ".join(f"{c} per call" for c in COLUMNS)
-           + " | shimgen / AOTI default | shimgen / AOTI freezing |\n|" + " --- |" * (len(COLUMNS) + 3))
+    report(
+        f"\n### {title}\n\n| threads | "
+        + " | ".join(f"{c} per call" for c in COLUMNS)
+        + " | shimgen / AOTI default | shimgen / AOTI freezing |\n|"
+        + " --- |" * (len(COLUMNS) + 3)
+    )
     notes: dict[str, str] = {}
     losses = []
     for threads, (figures, why) in rows.items():
@@ -99,8 +112,10 @@ def graph_table(report: Report, title: str, rows: dict[int, tuple[dict[str, floa
                 ratio = figures[SHIMGEN] / figures[name]
                 ratios.append(f"{ratio:.2f}")
                 if ratio > SLOWER:
-                    losses.append(f"{title} at {threads} thread{'s' * (threads > 1)}: shimgen {show_time(figures[SHIMGEN])} "
-                                  f"vs {name} {show_time(figures[name])} ({ratio:.2f}x)")
+                    losses.append(
+                        f"{title} at {threads} thread{'s' * (threads > 1)}: shimgen {show_time(figures[SHIMGEN])} "
+                        f"vs {name} {show_time(figures[name])} ({ratio:.2f}x)"
+                    )
             else:
                 ratios.append("")
         report(f"| {threads} | " + " | ".join(cells + ratios) + " |")
@@ -121,13 +136,17 @@ def main() -> None:
     tmp = args.work or Path(tempfile.mkdtemp(prefix="shimgen-zoo-"))
     tmp.mkdir(parents=True, exist_ok=True)
     report = Report()
-    report(f"# zoo_speed.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} cores, "
-           f"torch {torch.__version__}, python {platform.python_version()}" + (", --quick" if args.quick else ""))
-    report(f"\nEvery CPU graph of projects/{{{','.join(Path(s).stem for s in SPECS)}}}.toml at its example sizes. shimgen: the "
-           "spec built as it is. AOTI: `aoti_compile_and_package` of the program shimgen exports (its defaults, and "
-           "`freezing`), run through its loader's `run`, compiled under the row's thread count. Time per call: median of "
-           f"{blocks} blocks of about {block_seconds} s, the contenders' blocks taking turns; 1-thread rows where eager "
-           f"takes under {ONE_THREAD_BELOW_US:.0f} µs at 2 threads.")
+    report(
+        f"# zoo_speed.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}, python {platform.python_version()}" + (", --quick" if args.quick else "")
+    )
+    report(
+        f"\nEvery CPU graph of projects/{{{','.join(Path(s).stem for s in SPECS)}}}.toml at its example sizes. shimgen: the "
+        "spec built as it is. AOTI: `aoti_compile_and_package` of the program shimgen exports (its defaults, and "
+        "`freezing`), run through its loader's `run`, compiled under the row's thread count. Time per call: median of "
+        f"{blocks} blocks of about {block_seconds} s, the contenders' blocks taking turns; 1-thread rows where eager "
+        f"takes under {ONE_THREAD_BELOW_US:.0f} µs at 2 threads."
+    )
 
     losses: list[str] = []
     for spec_name in SPECS:
@@ -144,7 +163,11 @@ def main() -> None:
             report("no CPU target: skipped")
             continue
         flags = non_default_flags(spec)
-        report(f"[flags] differing from shimgen's defaults, built as they are: {flags}" if flags else "shimgen's default flags")
+        report(
+            f"[flags] differing from shimgen's defaults, built as they are: {flags}"
+            if flags
+            else "shimgen's default flags"
+        )
         print(f"shimgen build projects/{spec_name}", flush=True)
         try:
             summary = shimgen_build(spec_path, tmp)[1]

@@ -37,7 +37,12 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="shimgen-wheel-"))
     venv.create(tmp / "venv", with_pip=True)
     python = str(tmp / "venv" / "bin" / "python")
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True)
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     Path(site.stdout.strip(), "torch_from_base.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
     subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
 
@@ -56,8 +61,13 @@ def main() -> int:
             cases.append((graph.name, device, inputs))
     torch.save(cases, tmp / "cases.pt")
     env = {"PATH": "/usr/bin:/bin", "TORCHINDUCTOR_CACHE_DIR": str(tmp / "empty-cache")}
-    run = subprocess.run([python, "-c", CALL, spec.project.name, str(tmp / "cases.pt"), str(tmp / "got.pt")],
-                         capture_output=True, text=True, env=env, cwd=tmp)
+    run = subprocess.run(
+        [python, "-c", CALL, spec.project.name, str(tmp / "cases.pt"), str(tmp / "got.pt")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+    )
     if run.returncode != 0:
         print(run.stderr, file=sys.stderr)
         return 1
@@ -77,8 +87,10 @@ def main() -> int:
         for a, b in zip(got_leaves, want_leaves, strict=True):
             ok = torch.allclose(a.cpu().double(), b.cpu().double(), rtol=g.rtol, atol=g.atol)
             failed += not ok
-            print(f"{graph:<10} {device:<5} {str(a.device):<7} max abs err {(a.cpu().double() - b.cpu().double()).abs().max().item():.3g} "
-                  f"{'ok' if ok else 'MISMATCH'}")
+            print(
+                f"{graph:<10} {device:<5} {str(a.device):<7} max abs err {(a.cpu().double() - b.cpu().double()).abs().max().item():.3g} "
+                f"{'ok' if ok else 'MISMATCH'}"
+            )
     return 1 if failed else 0
 
 

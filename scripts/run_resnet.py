@@ -38,5 +38,7 @@ def latency_ms(fn, x, reps=30):  # type: ignore[no-untyped-def]
 
 x = torch.randn(1, 3, 224, 224)
 eager, shim = latency_ms(model, x), latency_ms(resnet.forward, x)
-print(f"\nResNet-18 batch 1, {torch.get_num_threads()} threads, median ms: eager {eager:.2f}, shimgen {shim:.2f} "
-      f"(shimgen / eager = {shim / eager:.2f})")
+print(
+    f"\nResNet-18 batch 1, {torch.get_num_threads()} threads, median ms: eager {eager:.2f}, shimgen {shim:.2f} "
+    f"(shimgen / eager = {shim / eager:.2f})"
+)

@@ -2,7 +2,8 @@
 typed results of the ones before it (shimgen/results.py) and is skipped when state.json holds its
 result under the same key.
 
-Outputs under <out>/build/<name>/: ops/ (the custom ops' Meson project and build), trace/, codegen/, project/ (generated Meson project), meson/
+Outputs under <out>/build/<name>/: ops/ (the custom ops' Meson project and build), trace/, codegen/, project/ (generated
+Meson project), meson/
 (build directory), site/ (the unpacked wheel: importable); wheels go to <out>/dist/.
 """
 
@@ -81,8 +82,12 @@ class BuildOutput:
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
     elapsed: float = 0.0  # seconds from the build's start to its end
-    models: list[dict[str, Any]] = field(default_factory=list)  # each unit's dynamic model and variants: seconds and bytes (_models)
-    verified: dict[str, Any] = field(default_factory=dict)  # the calls run against the traced programs before installing (verify.py)
+    models: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # each unit's dynamic model and variants: seconds and bytes (_models)
+    verified: dict[str, Any] = field(
+        default_factory=dict
+    )  # the calls run against the traced programs before installing (verify.py)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -99,7 +104,9 @@ class BuildOutput:
             "kernel_choices": to_json(self.kernel_choices),
             "identifiers": self.identifiers,
             "shared_cache": self.shared_cache,
-            "timeline": [{"stage": stage, "unit": unit, "start": start, "end": end} for stage, unit, start, end in self.timeline],
+            "timeline": [
+                {"stage": stage, "unit": unit, "start": start, "end": end} for stage, unit, start, end in self.timeline
+            ],
             "elapsed": round(self.elapsed, 3),
             "models": self.models,
             "verified": self.verified,
@@ -191,9 +198,19 @@ class Timeline:
         self.record(name, detail, start, time.time())
 
 
-def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = True, progress: Progress | None = None,
-          only: str | None = None, retune: bool = False, cache_url: str | None = None, verify: bool = True) -> BuildOutput:
-    """Build the spec's package for all its targets, or for the one build identifier `only` names (in a directory of its own).
+def build(
+    spec_path: Path,
+    out: Path,
+    force: bool = False,
+    use_cache: bool = True,
+    progress: Progress | None = None,
+    only: str | None = None,
+    retune: bool = False,
+    cache_url: str | None = None,
+    verify: bool = True,
+) -> BuildOutput:
+    """Build the spec's package for all its targets, or for the one build identifier `only` names (in a directory of its
+    own).
     Kernel choices replay the spec's lockfile; `retune` measures them all again. `cache_url` names a shared cache. With
     `verify`, the package runs against its traced programs before it is installed (shimgen/package/verify.py)."""
     report = progress or (lambda stage, msg: None)
@@ -211,7 +228,16 @@ def build(spec_path: Path, out: Path, force: bool = False, use_cache: bool = Tru
             shared = SharedCache(shared_cache.backend(url)) if url else None
             if shared:
                 os.environ.setdefault("CCACHE_REMOTE_STORAGE", shared_cache.ccache_remote(shared.backend))
-            return _build(spec, layout, force, use_cache, report, Tuning(locked=lockfile.read(layout.lock_path), retune=retune, all_units=all_units), shared, verify)
+            return _build(
+                spec,
+                layout,
+                force,
+                use_cache,
+                report,
+                Tuning(locked=lockfile.read(layout.lock_path), retune=retune, all_units=all_units),
+                shared,
+                verify,
+            )
     except SpecError as exc:
         exc.file = exc.file or str(spec_path)
         raise
@@ -226,7 +252,11 @@ def _process_kept() -> Iterator[None]:
     """A build leaves its process as it found it: the environment (the shared cache's ccache storage), sys.path and the
     loggers' levels. (The audit hook that sees a trace's reads is installed once and idles outside a trace.)"""
     environ, path = dict(os.environ), list(sys.path)
-    levels = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items() if isinstance(logger, logging.Logger)}
+    levels = {
+        name: logger.level
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if isinstance(logger, logging.Logger)
+    }
     try:
         yield
     finally:
@@ -283,8 +313,16 @@ class Job:
     verify: bool
 
 
-def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, report: Progress, tuning: Tuning,
-           shared: SharedCache | None, verify: bool) -> BuildOutput:
+def _build(
+    spec: ProjectSpec,
+    layout: Layout,
+    force: bool,
+    use_cache: bool,
+    report: Progress,
+    tuning: Tuning,
+    shared: SharedCache | None,
+    verify: bool,
+) -> BuildOutput:
     timeline = Timeline(report)
     tools = LazyTools(spec, use_cache, timeline)
     tc = toolchain.detect()
@@ -292,11 +330,32 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
     if spec.custom_op:
         built = tools()
         with timeline.stage("ops"):
-            ops = custom_ops.prepare(spec, layout.spec_dir, layout.spec_path.name, layout.root / "ops", built.tc, built.cuda,
-                                     built.launcher, lambda msg: report("ops", msg))
-    job = Job(spec=spec, layout=layout, tc=tc, tools=tools, state=State(layout.state_file, fresh=force), timeline=timeline, ops=ops, tuning=tuning, shared=shared, verify=verify)
+            ops = custom_ops.prepare(
+                spec,
+                layout.spec_dir,
+                layout.spec_path.name,
+                layout.root / "ops",
+                built.tc,
+                built.cuda,
+                built.launcher,
+                lambda msg: report("ops", msg),
+            )
+    job = Job(
+        spec=spec,
+        layout=layout,
+        tc=tc,
+        tools=tools,
+        state=State(layout.state_file, fresh=force),
+        timeline=timeline,
+        ops=ops,
+        tuning=tuning,
+        shared=shared,
+        verify=verify,
+    )
     units = _generate_all(job)
-    job.state.forget_all_but("unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")})
+    job.state.forget_all_but(
+        "unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")}
+    )
     version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
     wheel_key = _wheel_key(job, units, version)
     packaged = _shared_wheel(job, wheel_key, units) if shared else None
@@ -305,17 +364,32 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         built = tools()
         _keep_meson_dir_if_configured_for(job, built)
         with timeline.stage("prebuilt"):
-            prebuilts: dict[str, Prebuilt] = {t.device: prebuilt.ensure(built.tc, t, [u for u in units if u.target is t], spec.flags,
-                                                   lambda msg: report("prebuilt", msg)) for t in spec.target}
+            prebuilts: dict[str, Prebuilt] = {
+                t.device: prebuilt.ensure(
+                    built.tc, t, [u for u in units if u.target is t], spec.flags, lambda msg: report("prebuilt", msg)
+                )
+                for t in spec.target
+            }
         with timeline.stage("render"):
-            project = render.render_project(spec, version, layout.spec_path.name, built.tc, built.cuda, units,
-                                             prebuilts, ops, layout.project)
+            project = render.render_project(
+                spec, version, layout.spec_path.name, built.tc, built.cuda, units, prebuilts, ops, layout.project
+            )
         with timeline.stage("compile"):
-            compiled = meson.build(layout.project, layout.meson, built.tc, f"the package '{spec.project.name}'", built.launcher,
-                                   lambda msg: report("compile", msg))
+            compiled = meson.build(
+                layout.project,
+                layout.meson,
+                built.tc,
+                f"the package '{spec.project.name}'",
+                built.launcher,
+                lambda msg: report("compile", msg),
+            )
         packaged = _package(job, project, compiled, units)
         if shared:
-            shared.put("wheel", wheel_key, shared_cache.pack(packaged.wheel.parent, [packaged.wheel], packaged.wheel.name.encode()))
+            shared.put(
+                "wheel",
+                wheel_key,
+                shared_cache.pack(packaged.wheel.parent, [packaged.wheel], packaged.wheel.name.encode()),
+            )
             job.state.commit("wheel", Stamp(key=wheel_key))
     _update_lockfile(job, units)
     return BuildOutput(
@@ -330,18 +404,32 @@ def _build(spec: ProjectSpec, layout: Layout, force: bool, use_cache: bool, repo
         skipped=timeline.skipped,
         compiler_cache=tools.probed.launcher if tools.probed else None,
         kernel_choices={name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
-        identifiers=[matrix.BuildId(python=tc.python_version, torch=tc.torch_version, cuda=_torch_cuda(spec) if device(t.device).gpu else None,
-                                    target=t).identifier for t in spec.target],
+        identifiers=[
+            matrix.BuildId(
+                python=tc.python_version,
+                torch=tc.torch_version,
+                cuda=_torch_cuda(spec) if device(t.device).gpu else None,
+                target=t,
+            ).identifier
+            for t in spec.target
+        ],
         shared_cache=_shared_summary(shared),
         timeline=timeline.events,
         elapsed=time.time() - timeline.started,
         models=_models(spec.project.name, units, timeline, compiled, packaged.site),
-        verified={"cases": list(packaged.verified), "skipped": list(packaged.verify_skipped), "seconds": packaged.verify_seconds},
+        verified={
+            "cases": list(packaged.verified),
+            "skipped": list(packaged.verify_skipped),
+            "seconds": packaged.verify_seconds,
+        },
     )
 
 
-def _models(package: str, units: list[Unit], timeline: Timeline, compiled: CompileResult | None, site: Path) -> list[dict[str, Any]]:
-    """Per unit, its dynamic model and each specialized variant: what this build spent on it (trace, codegen, and compile
+def _models(
+    package: str, units: list[Unit], timeline: Timeline, compiled: CompileResult | None, site: Path
+) -> list[dict[str, Any]]:
+    """Per unit, its dynamic model and each specialized variant: what this build spent on it (trace, codegen, and
+    compile
     seconds, each output counted for the longest model name it holds) and its bytes in the package (a variant's weights:
     those the file holds for it alone)."""
     works = [name for u in units for name, _ in u.generated]
@@ -351,7 +439,7 @@ def _models(package: str, units: list[Unit], timeline: Timeline, compiled: Compi
         return max(held, key=len) if held else None
 
     compile_seconds: dict[str, float] = {}
-    for output, seconds in (compiled.unit_seconds.items() if compiled else ()):
+    for output, seconds in compiled.unit_seconds.items() if compiled else ():
         work = owner(output)
         if work:
             compile_seconds[work] = compile_seconds.get(work, 0.0) + seconds
@@ -359,21 +447,40 @@ def _models(package: str, units: list[Unit], timeline: Timeline, compiled: Compi
     for u in units:
         weights_file = site / package / f"{u.name}.safetensors"
         for (work, _), variant in zip(u.generated, (None, *u.variants), strict=True):
-            library = next(iter((site / package).glob(f"_{u.name}.*.so")), None) if variant is None else site / package / f"{u.library(variant)}.so"
-            stages = {stage: round(sum(end - start for name, unit, start, end in timeline.events if name == stage and unit == work), 3)
-                      for stage in ("trace", "codegen")}
-            models.append({"unit": u.name, "variant": dict(variant.sizes) if variant else None,
-                           "automatic": variant.automatic if variant else "", **stages,
-                           "compile": round(compile_seconds.get(work, 0.0), 3),
-                           "library_bytes": library.stat().st_size if library and library.is_file() else 0,
-                           "weights_bytes": weights.variant_bytes(weights_file, variant.name) if variant and weights_file.is_file() else None})
+            library = (
+                next(iter((site / package).glob(f"_{u.name}.*.so")), None)
+                if variant is None
+                else site / package / f"{u.library(variant)}.so"
+            )
+            stages = {
+                stage: round(
+                    sum(end - start for name, unit, start, end in timeline.events if name == stage and unit == work), 3
+                )
+                for stage in ("trace", "codegen")
+            }
+            models.append(
+                {
+                    "unit": u.name,
+                    "variant": dict(variant.sizes) if variant else None,
+                    "automatic": variant.automatic if variant else "",
+                    **stages,
+                    "compile": round(compile_seconds.get(work, 0.0), 3),
+                    "library_bytes": library.stat().st_size if library and library.is_file() else 0,
+                    "weights_bytes": weights.variant_bytes(weights_file, variant.name)
+                    if variant and weights_file.is_file()
+                    else None,
+                }
+            )
     return models
 
 
 def _shared_summary(shared: SharedCache | None) -> dict[str, Any] | None:
     if shared is None:
         return None
-    entries = [kind for kind in shared.hits if kind != "trace-reads"], sorted({kind for kind in shared.stored if kind != "trace-reads"})
+    entries = (
+        [kind for kind in shared.hits if kind != "trace-reads"],
+        sorted({kind for kind in shared.stored if kind != "trace-reads"}),
+    )
     return {"url": shared.backend.url, "found": entries[0], "stored": entries[1], "error": shared.error}
 
 
@@ -384,10 +491,16 @@ def _torch_cuda(spec: ProjectSpec) -> str | None:
 def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
     tc, verdicts = probe.select(lambda msg: report("toolchain", msg))
     for failed in verdicts[:-1]:
-        report("toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}")
+        report(
+            "toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}"
+        )
     cuda = _cuda_toolchain(spec)
-    return Tools(tc=tc, cuda=cuda, torch_cuda=torch_cuda_version() if cuda else None,
-                 launcher=toolchain.compiler_cache() if use_cache else None)
+    return Tools(
+        tc=tc,
+        cuda=cuda,
+        torch_cuda=torch_cuda_version() if cuda else None,
+        launcher=toolchain.compiler_cache() if use_cache else None,
+    )
 
 
 def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
@@ -416,13 +529,18 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
 
 
 def _generate_all(job: Job) -> list[Unit]:
-    """Every graph on every target traced and generated, its dynamic code and each specialized variant, or taken from the
+    """Every graph on every target traced and generated, its dynamic code and each specialized variant, or taken from
+    the
     last build (or the shared cache) where up to date. The traces to make run at once in worker processes, then the
     codegens (shimgen/build/workers.py)."""
     spec, layout, state = job.spec, job.layout, job.state
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
-    works = [(name, i, g, t, sizes) for t in sorted(spec.target, key=lambda t: device(t.device).build_order) for i, g in enumerate(spec.graph)
-             for name, sizes in variants.works(g, t)]
+    works = [
+        (name, i, g, t, sizes)
+        for t in sorted(spec.target, key=lambda t: device(t.device).build_order)
+        for i, g in enumerate(spec.graph)
+        for name, sizes in variants.works(g, t)
+    ]
     traced: dict[str, TraceResult] = {}
 
     def record_trace(name: str, result: TraceResult, start: float, end: float) -> None:
@@ -437,14 +555,31 @@ def _generate_all(job: Job) -> list[Unit]:
         for name, i, graph, target, sizes in pending:
             graph = variants.traced_graph(graph, sizes)
             key = trace.trace_key(graph, target, job.tc, layout.spec_dir, job.ops.key if job.ops else None)
-            found = _cached(job, f"unit:trace:{name}", TraceResult, key, valid=functools.partial(trace.still_valid, key=key),
-                            shared=functools.partial(_shared_trace, job, key=key))
+            found = _cached(
+                job,
+                f"unit:trace:{name}",
+                TraceResult,
+                key,
+                valid=functools.partial(trace.still_valid, key=key),
+                shared=functools.partial(_shared_trace, job, key=key),
+            )
             if found is not None:
                 traced[name] = found
                 continue
             _require_gpu(spec, target, job)
-            to_trace.append((name, workers.TraceTask(graph=graph, where=f"graph[{i}]", spec_dir=layout.spec_dir, device=target.device, program_file=layout.root / "trace" / f"{name}.pt2",
-                                                     key=key)))
+            to_trace.append(
+                (
+                    name,
+                    workers.TraceTask(
+                        graph=graph,
+                        where=f"graph[{i}]",
+                        spec_dir=layout.spec_dir,
+                        device=target.device,
+                        program_file=layout.root / "trace" / f"{name}.pt2",
+                        key=key,
+                    ),
+                )
+            )
         _run(job, "trace", to_trace, workers.run_trace, record_trace)
         pending = variants.left_out(works, traced)
         works += pending
@@ -458,18 +593,39 @@ def _generate_all(job: Job) -> list[Unit]:
             code[name] = generated
             continue
         _require_gpu(spec, target, job)
-        to_generate.append((name, workers.CodegenTask(traced=traced[name], target=target, flags=spec.flags, cxx=job.tools().tc.cxx, out_dir=layout.root / "codegen" / name,
-                                                      key=key, locked=locked, retune=job.tuning.retune, where=f"graph[{i}]")))
+        to_generate.append(
+            (
+                name,
+                workers.CodegenTask(
+                    traced=traced[name],
+                    target=target,
+                    flags=spec.flags,
+                    cxx=job.tools().tc.cxx,
+                    out_dir=layout.root / "codegen" / name,
+                    key=key,
+                    locked=locked,
+                    retune=job.tuning.retune,
+                    where=f"graph[{i}]",
+                ),
+            )
+        )
 
     def record_codegen(name: str, generated: CodegenResult, start: float, end: float) -> None:
         job.timeline.record("codegen", name, start, end)
         task = next(task for unit, task in to_generate if unit == name)
         # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
-        generated = dataclasses.replace(generated, key=codegen.codegen_key(task.traced, task.target, spec.flags, generated.autotune_timings,
-                                                                           job.tc.torch_version))
+        generated = dataclasses.replace(
+            generated,
+            key=codegen.codegen_key(
+                task.traced, task.target, spec.flags, generated.autotune_timings, job.tc.torch_version
+            ),
+        )
         state.commit(f"unit:codegen:{name}", generated)
         if job.shared:
-            for shared_key in {task.key, generated.key}:  # found by a machine with this lockfile and by one with the next
+            for shared_key in {
+                task.key,
+                generated.key,
+            }:  # found by a machine with this lockfile and by one with the next
                 shared_cache.store(job.shared, "codegen", shared_key, generated, {"ROOT": task.out_dir})
         code[name] = generated
 
@@ -478,13 +634,32 @@ def _generate_all(job: Job) -> list[Unit]:
     for t in spec.target:
         for g in spec.graph:
             made = [(name, sizes) for name, _, graph, target, sizes in works if graph is g and target is t and sizes]
-            made.sort(key=lambda work: -len(work[1]))  # the most specific first: a call runs the first whose sizes match
-            units.append(Unit(graph=g, target=t, code=code[unit_name(g, t)], variants=tuple(Variant(sizes=tuple(sizes.items()), code=code[name], automatic=variants.reason(g, t, sizes, traced))
-                                                                 for name, sizes in made)))
+            made.sort(
+                key=lambda work: -len(work[1])
+            )  # the most specific first: a call runs the first whose sizes match
+            units.append(
+                Unit(
+                    graph=g,
+                    target=t,
+                    code=code[unit_name(g, t)],
+                    variants=tuple(
+                        Variant(
+                            sizes=tuple(sizes.items()), code=code[name], automatic=variants.reason(g, t, sizes, traced)
+                        )
+                        for name, sizes in made
+                    ),
+                )
+            )
     return units
 
 
-def _run(job: Job, stage: str, tasks: list[tuple[str, Any]], work: Callable[..., Any], done: Callable[[str, Any, float, float], None]) -> None:
+def _run(
+    job: Job,
+    stage: str,
+    tasks: list[tuple[str, Any]],
+    work: Callable[..., Any],
+    done: Callable[[str, Any, float, float], None],
+) -> None:
     processes = workers.count(len(tasks), in_process=job.ops is not None)
     if processes:
         job.timeline.report(stage, f"{', '.join(name for name, _ in tasks)} in {processes} worker processes ...")
@@ -493,10 +668,19 @@ def _run(job: Job, stage: str, tasks: list[tuple[str, Any]], work: Callable[...,
     workers.run_all(tasks, work, processes, job.ops, done)
 
 
-def _cached(job: Job, record: str, cls: type[R], key: str, *, valid: Callable[[R], bool] | None = None,
-            shared: Callable[[SharedCache], R | None] | None = None) -> R | None:
-    """A stage's result without running it: as the last build recorded it under `key` (with `valid`, any record it accepts),
-    else as the shared cache holds it (then recorded here). None: the stage runs, and its caller commits what it made."""
+def _cached(
+    job: Job,
+    record: str,
+    cls: type[R],
+    key: str,
+    *,
+    valid: Callable[[R], bool] | None = None,
+    shared: Callable[[SharedCache], R | None] | None = None,
+) -> R | None:
+    """A stage's result without running it: as the last build recorded it under `key` (with `valid`, any record it
+    accepts),
+    else as the shared cache holds it (then recorded here). None: the stage runs, and its caller commits what it
+    made."""
     found = job.state.get(cls, record, None if valid else key)
     if found is not None and (valid is None or valid(found)):
         job.timeline.skipped.append(record.removeprefix("unit:"))
@@ -509,10 +693,16 @@ def _cached(job: Job, record: str, cls: type[R], key: str, *, valid: Callable[[R
 
 
 def _known_codegen(job: Job, name: str, traced: TraceResult, key: str) -> CodegenResult | None:
-    """The unit's code as the last build (or the shared cache) left it under `key`, its weights file made again where only
+    """The unit's code as the last build (or the shared cache) left it under `key`, its weights file made again where
+    only
     the weights changed."""
-    fetch = None if job.tuning.retune else lambda shared: shared_cache.fetch(shared, "codegen", key, CodegenResult,
-                                                                              {"ROOT": job.layout.root / "codegen" / name})
+    fetch = (
+        None
+        if job.tuning.retune
+        else lambda shared: shared_cache.fetch(
+            shared, "codegen", key, CodegenResult, {"ROOT": job.layout.root / "codegen" / name}
+        )
+    )
     generated = _cached(job, f"unit:codegen:{name}", CodegenResult, key, shared=fetch)
     if generated is not None and generated.weights_file is not None and generated.weights_digest != traced.weights:
         generated = _rewrite_weights(job, name, traced, generated)  # None: codegen makes them
@@ -527,8 +717,11 @@ def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: Codege
     assert generated.weights_file is not None and generated.constants is not None
     with job.timeline.stage("weights", name):
         program = torch.export.load(str(traced.program))
-        if not weights.write_from_tensors(weights.read_constants(generated.constants), {**program.state_dict, **program.constants},
-                                          generated.weights_file):
+        if not weights.write_from_tensors(
+            weights.read_constants(generated.constants),
+            {**program.state_dict, **program.constants},
+            generated.weights_file,
+        ):
             return None
     generated = dataclasses.replace(generated, weights_digest=traced.weights)
     job.state.commit(f"unit:codegen:{name}", generated)
@@ -542,7 +735,9 @@ def _shared_trace(job: Job, shared: SharedCache, key: str) -> TraceResult | None
         return None
     spec_dir = job.layout.spec_dir
     reads = [(rel, file_hash(spec_dir / rel)) for rel in json.loads(index)]
-    traced = shared_cache.fetch(shared, "trace", stage_key(key, reads), TraceResult, {"ROOT": job.layout.root / "trace", "SPEC": spec_dir})
+    traced = shared_cache.fetch(
+        shared, "trace", stage_key(key, reads), TraceResult, {"ROOT": job.layout.root / "trace", "SPEC": spec_dir}
+    )
     return traced if traced is not None and trace.still_valid(traced, key) else None
 
 
@@ -552,7 +747,9 @@ def _store_trace(job: Job, traced: TraceResult) -> None:
         return
     reads = [(str(Path(path).relative_to(spec_dir)), digest) for path, digest in traced.reads]
     job.shared.put("trace-reads", traced.key, json.dumps([rel for rel, _ in reads]).encode())
-    shared_cache.store(job.shared, "trace", stage_key(traced.key, reads), traced, {"ROOT": job.layout.root / "trace", "SPEC": spec_dir})
+    shared_cache.store(
+        job.shared, "trace", stage_key(traced.key, reads), traced, {"ROOT": job.layout.root / "trace", "SPEC": spec_dir}
+    )
 
 
 def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
@@ -560,14 +757,32 @@ def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
     spec, tc = job.spec, job.tc
     ops = [(p.name, file_hash(p)) for p in job.ops.libraries] if job.ops else []
     code_keys = [(name, code.key) for u in units for name, code in u.generated]
-    return stage_key(version, code_keys, ops, [op.module for op in spec.custom_op], spec.project, spec.flags, spec.runtime,
-                     tc.cxx_identity, tc.python_version, tc.torch_version, meson.source_date_epoch(), shimgen_fingerprint())
+    return stage_key(
+        version,
+        code_keys,
+        ops,
+        [op.module for op in spec.custom_op],
+        spec.project,
+        spec.flags,
+        spec.runtime,
+        tc.cxx_identity,
+        tc.python_version,
+        tc.torch_version,
+        meson.source_date_epoch(),
+        shimgen_fingerprint(),
+    )
 
 
 def _shared_wheel(job: Job, key: str, units: list[Unit]) -> PackageResult | None:
     """The package this build would make, as the last build left it or as the shared cache holds it."""
-    return _cached(job, "package", PackageResult, key, valid=lambda _: job.state.get(Stamp, "wheel", key) is not None,
-                   shared=lambda shared: _wheel_from(shared, job, key, units))
+    return _cached(
+        job,
+        "package",
+        PackageResult,
+        key,
+        valid=lambda _: job.state.get(Stamp, "wheel", key) is not None,
+        shared=lambda shared: _wheel_from(shared, job, key, units),
+    )
 
 
 def _wheel_from(shared: SharedCache, job: Job, key: str, units: list[Unit]) -> PackageResult | None:
@@ -578,17 +793,32 @@ def _wheel_from(shared: SharedCache, job: Job, key: str, units: list[Unit]) -> P
     with job.timeline.stage("package", "wheel from the shared cache"):
         with tempfile.TemporaryDirectory(prefix=".shimgen-shared-", dir=layout.root) as tmp:
             name = shared_cache.unpack(data, Path(tmp)).decode()
-            packaged = package.install(Path(tmp) / name, layout.dist, layout.site, job.spec.project.name, job.tc, key, _module_dirs(job),
-                                       _verify_plan(job, units))
+            packaged = package.install(
+                Path(tmp) / name,
+                layout.dist,
+                layout.site,
+                job.spec.project.name,
+                job.tc,
+                key,
+                _module_dirs(job),
+                _verify_plan(job, units),
+            )
     job.state.commit("wheel", Stamp(key=key))
     return packaged
 
 
 def _update_lockfile(job: Job, units: list[Unit]) -> None:
     torch = job.tc.torch_version
-    written = {lockfile.section(name, torch): (code.autotune_timings, code.kernel_choices) for u in units for name, code in u.generated}
-    keep = {lockfile.section(unit, version) for unit in job.tuning.all_units
-            for version in {torch, *(s.rpartition(" torch")[2] for s in job.tuning.locked)}}
+    written = {
+        lockfile.section(name, torch): (code.autotune_timings, code.kernel_choices)
+        for u in units
+        for name, code in u.generated
+    }
+    keep = {
+        lockfile.section(unit, version)
+        for unit in job.tuning.all_units
+        for version in {torch, *(s.rpartition(" torch")[2] for s in job.tuning.locked)}
+    }
     if lockfile.update(job.layout.lock_path, written, keep - set(written)):
         job.timeline.report("lockfile", f"wrote the kernel choices measured to {job.layout.lock_path}")
 
@@ -599,8 +829,11 @@ def _require_gpu(spec: ProjectSpec, target: Target, job: Job) -> None:
         return
     job.tools()
     if not device(target.device).available():
-        raise SpecError("", f"target[{spec.target.index(target)}]",
-                        "building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); torch sees none")
+        raise SpecError(
+            "",
+            f"target[{spec.target.index(target)}]",
+            "building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); torch sees none",
+        )
 
 
 def _package(job: Job, project: RenderedProject, compiled: CompileResult, units: list[Unit]) -> PackageResult:
@@ -610,8 +843,18 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult, units:
         return packaged
     layout, tools = job.layout, job.tools()
     with job.timeline.stage("package"):
-        packaged = package.build_and_unpack(layout.project, layout.meson, layout.dist, layout.site, job.spec.project.name, tools.tc,
-                                            tools.launcher, key, _module_dirs(job), _verify_plan(job, units))
+        packaged = package.build_and_unpack(
+            layout.project,
+            layout.meson,
+            layout.dist,
+            layout.site,
+            job.spec.project.name,
+            tools.tc,
+            tools.launcher,
+            key,
+            _module_dirs(job),
+            _verify_plan(job, units),
+        )
     job.state.commit("package", packaged)
     return packaged
 
@@ -627,9 +870,20 @@ def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:
             traced = job.state.get(TraceResult, f"unit:trace:{name}")
             assert traced is not None, name
             programs.append((sizes, traced.program))
-        graphs.append(verify.GraphModels(graph=u.graph, where=f"graph[{job.spec.graph.index(u.graph)}]", device=u.target.device, programs=tuple(programs),
-                                         state=u.code.state))
-    return verify.Plan(package=job.spec.project.name, graphs=tuple(graphs), op_modules=tuple(op.module for op in job.spec.custom_op if op.module))
+        graphs.append(
+            verify.GraphModels(
+                graph=u.graph,
+                where=f"graph[{job.spec.graph.index(u.graph)}]",
+                device=u.target.device,
+                programs=tuple(programs),
+                state=u.code.state,
+            )
+        )
+    return verify.Plan(
+        package=job.spec.project.name,
+        graphs=tuple(graphs),
+        op_modules=tuple(op.module for op in job.spec.custom_op if op.module),
+    )
 
 
 def _module_dirs(job: Job) -> tuple[Path, ...]:

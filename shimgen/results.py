@@ -31,10 +31,14 @@ class OutType:
     qualname: str
     fields: tuple[str, ...] | None  # the children's names, in order; None where the node does not name them
     dropped: tuple[str, ...]  # fields that were None, which the pytree leaves out: passed as None to the type
-    construct: str | None  # POSITIONAL cls(*children), KEYWORD cls(**fields), SEQUENCE cls(children), UNFLATTEN; None: fallback always
+    construct: (
+        str | None
+    )  # POSITIONAL cls(*children), KEYWORD cls(**fields), SEQUENCE cls(children), UNFLATTEN; None: fallback always
     fallback: str  # "namedtuple" (same name and fields), "dict" (in field order) or "tuple"
     reason: str = ""  # why construct is None
-    unflatten: str = ""  # UNFLATTEN: the pytree registration's unflatten function, "module:qualname", called (children, context)
+    unflatten: str = (
+        ""  # UNFLATTEN: the pytree registration's unflatten function, "module:qualname", called (children, context)
+    )
     context: str = ""  # UNFLATTEN: the node's pytree context, pickled, base64
 
     @property
@@ -62,7 +66,9 @@ class TraceResult:
     structure: str = ""  # trace.structure_key: the program without its weights' values
     weights: str = ""  # trace.weights_key: the weights' values
     state: tuple[str, ...] = ()  # the buffers the program mutates (trace.mutated_state), by the program's names
-    narrowed: tuple[tuple[str, int, str], ...] = ()  # (dim, min, condition): the program takes the dim from min (trace._export_narrowing)
+    narrowed: tuple[
+        tuple[str, int, str], ...
+    ] = ()  # (dim, min, condition): the program takes the dim from min (trace._export_narrowing)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -75,7 +81,9 @@ class DefinedOp:
 
     name: str  # 'ns::op', or 'ns::op.overload'
     entry: int  # index of the entry in the spec
-    module: str | None  # the entry's module, where that defined the op (its body runs in Python); None for its library's
+    module: (
+        str | None
+    )  # the entry's module, where that defined the op (its body runs in Python); None for its library's
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,9 +122,13 @@ class CodegenResult:
     out_nodes: tuple[OutNode, ...]
     num_outputs: int
     kernel_choices: tuple[KernelChoice, ...] = ()
-    extern_nodes: Path | None = None  # Inductor's description of the ops it leaves to run time (its <hash>.wrapper.json)
+    extern_nodes: Path | None = (
+        None  # Inductor's description of the ops it leaves to run time (its <hash>.wrapper.json)
+    )
     run_time_modules: tuple[str, ...] = ()  # Python modules the package imports first: they define ops the graph calls
-    autotune_timings: dict[str, Any] = field(default_factory=dict)  # the timing records its kernel choices used (lockfile.Timings)
+    autotune_timings: dict[str, Any] = field(
+        default_factory=dict
+    )  # the timing records its kernel choices used (lockfile.Timings)
     constants: Path | None = None  # the model's constants described (weights.Constant, as JSON)
     weights_file: Path | None = None  # flags.weights = "file": the weights as safetensors
     weights_digest: str = ""  # the trace's weights_key the weights file was made from
@@ -136,7 +148,8 @@ class CodegenResult:
 
 @dataclass(frozen=True, kw_only=True)
 class Variant:
-    """A graph compiled for sizes its spec specializes (dims.<name>.specialize): a library of its own, `_<unit>__<name>.so`,
+    """A graph compiled for sizes its spec specializes (dims.<name>.specialize): a library of its own,
+    `_<unit>__<name>.so`,
     that the unit's extension loads and calls for inputs of those sizes."""
 
     sizes: tuple[tuple[str, int], ...]  # (dim, size) in the graph's order of dims
@@ -150,7 +163,8 @@ class Variant:
 
 @dataclass(frozen=True, kw_only=True)
 class Unit:
-    """One graph compiled for one target: its codegen dir, its sources dir and extension module `_<name>`, which holds the
+    """One graph compiled for one target: its codegen dir, its sources dir and extension module `_<name>`, which holds
+    the
     dynamic code and dispatches to the specialized variants."""
 
     graph: Graph
@@ -189,7 +203,9 @@ class Prebuilt:
     interface_lib: Path
     wrapper_pch: Path | None  # force-include this path; GCC uses the .gch beside it
     kernel_pch: Path | None
-    runtime_libs: tuple[Path, ...] = ()  # shimgen's runtime library for the device (toolchain/runtime_lib.py), in link order
+    runtime_libs: tuple[
+        Path, ...
+    ] = ()  # shimgen's runtime library for the device (toolchain/runtime_lib.py), in link order
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -225,7 +241,9 @@ class PackageResult:
     key: str
     wheel: Path
     site: Path  # the unpacked wheel: a directory to put on sys.path
-    verified: tuple[str, ...] = ()  # the calls compared with the traced programs before the package was installed (verify.py)
+    verified: tuple[
+        str, ...
+    ] = ()  # the calls compared with the traced programs before the package was installed (verify.py)
     verify_skipped: tuple[str, ...] = ()
     verify_seconds: float = 0.0
 
@@ -258,7 +276,9 @@ def _convert(hint: Any, data: Any) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         hints = typing.get_type_hints(hint)
-        return hint(**{f.name: _convert(hints[f.name], data[f.name]) for f in dataclasses.fields(hint) if f.name in data})
+        return hint(
+            **{f.name: _convert(hints[f.name], data[f.name]) for f in dataclasses.fields(hint) if f.name in data}
+        )
     if origin in (typing.Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
         return _convert(options[0], data) if len(options) == 1 else data

@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 def _import_torchvision_anywhere() -> None:
     """What projects/models/torchvision_ops.py does for the projects' models, for models the tests build in their own
     process: torchvision (which transformers and timm import) imports even where its ops library does not load."""
-    spec = importlib.util.spec_from_file_location("shimgen_tests_torchvision_ops", REPO / "projects" / "models" / "torchvision_ops.py")
+    spec = importlib.util.spec_from_file_location(
+        "shimgen_tests_torchvision_ops", REPO / "projects" / "models" / "torchvision_ops.py"
+    )
     assert spec and spec.loader
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
@@ -34,8 +36,11 @@ COMMAND = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-m", "shimgen
 def shimgen(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, as a user would."""
     return subprocess.run(
-        [*COMMAND, *map(str, args)], cwd=REPO if COMMAND[0] == sys.executable else None,
-        capture_output=True, text=True, env={**os.environ, **(env or {})},
+        [*COMMAND, *map(str, args)],
+        cwd=REPO if COMMAND[0] == sys.executable else None,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -43,8 +48,18 @@ def shimgen(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.
 # ATen's GEMMs (no template to time and compile) and -O1 kernels, half the compile time. The workdir's mlp.toml keeps
 # shimgen's defaults (its kernel choices and lockfile are tested); a test that copies it may use these flags too.
 FAST_FLAGS = {"gemm_autotune": "false", "kernel_opt": '"O1"'}
-FAST_SPECS = ("hf.toml", "shapes.toml", "outputs.toml", "zoo.toml", "multi.toml", "custom_ops.toml", "py_ops.toml", "aoti_shapes.toml")
-# vision.toml keeps gemm_autotune: timing its batched matmuls' candidates is what once left a package failing every call.
+FAST_SPECS = (
+    "hf.toml",
+    "shapes.toml",
+    "outputs.toml",
+    "zoo.toml",
+    "multi.toml",
+    "custom_ops.toml",
+    "py_ops.toml",
+    "aoti_shapes.toml",
+)
+# vision.toml keeps gemm_autotune: timing its batched matmuls' candidates is what once left a package failing every
+# call.
 O1_SPECS = ("vision.toml",)
 
 
@@ -74,7 +89,11 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         shutil.copytree(REPO / directory, root / directory, ignore=shutil.ignore_patterns("__pycache__"))
     for name in FAST_SPECS + O1_SPECS:
         spec = root / "projects" / name
-        spec.write_text(with_flags(spec.read_text(), **(FAST_FLAGS if name in FAST_SPECS else {"kernel_opt": FAST_FLAGS["kernel_opt"]})))
+        spec.write_text(
+            with_flags(
+                spec.read_text(), **(FAST_FLAGS if name in FAST_SPECS else {"kernel_opt": FAST_FLAGS["kernel_opt"]})
+            )
+        )
     return root
 
 
@@ -124,8 +143,11 @@ print(rss() - before)
 
 def rss_growth_over_10000_calls(summary: dict[str, Any], *shape: int) -> int:
     """Bytes of resident memory a built package's `forward` gains over 10,000 calls on one input, after 2,000."""
-    run = subprocess.run([sys.executable, "-c", RSS_SCRIPT, summary["package_dir"], summary["name"], *map(str, shape)],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", RSS_SCRIPT, summary["package_dir"], summary["name"], *map(str, shape)],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     return int(run.stdout)
 
@@ -149,7 +171,10 @@ def call_in_subprocess(summary: dict[str, Any], graph: str, tmp: Path, *args: An
 
     case, result = tmp / f"{graph}-case.pt", tmp / f"{graph}-result.pt"
     torch.save({"args": args, "kwargs": kwargs}, case)
-    run = subprocess.run([sys.executable, "-c", CALL_SCRIPT, summary["package_dir"], summary["name"], graph, str(case), str(result)],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", CALL_SCRIPT, summary["package_dir"], summary["name"], graph, str(case), str(result)],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     return torch.load(result)

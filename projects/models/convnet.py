@@ -9,7 +9,12 @@ class ConvNet(nn.Module):
         blocks: list[nn.Module] = []
         inplanes = 3
         for planes in channels:
-            blocks += [nn.Conv2d(inplanes, planes, 3, padding=1, bias=False), nn.BatchNorm2d(planes), nn.ReLU(), nn.MaxPool2d(2)]
+            blocks += [
+                nn.Conv2d(inplanes, planes, 3, padding=1, bias=False),
+                nn.BatchNorm2d(planes),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+            ]
             inplanes = planes
         self.features = nn.Sequential(*blocks)
         self.head = nn.Linear(inplanes, classes)

@@ -12,7 +12,8 @@ from transformers.integrations.executorch import TorchExportableModuleWithStatic
 
 class StaticCacheLM(TorchExportableModuleWithStaticCache):
     """transformers' static-cache recipe, with a cache that follows the module to another device (`.to("cuda")`): the
-    recipe registers its StaticCache layers' tensors as buffers, and `.to()` replaces the buffers but not the tensors the
+    recipe registers its StaticCache layers' tensors as buffers, and `.to()` replaces the buffers but not the tensors
+    the
     StaticCache object goes on writing into."""
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
@@ -24,13 +25,29 @@ class StaticCacheLM(TorchExportableModuleWithStaticCache):
         return self
 
 
-def llama(hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, intermediate: int = 128, vocab: int = 128,
-          max_cache: int = 64) -> torch.nn.Module:
+def llama(
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    vocab: int = 128,
+    max_cache: int = 64,
+) -> torch.nn.Module:
     """LlamaForCausalLM behind TorchExportableModuleWithStaticCache: forward(input_ids, cache_position=...) -> logits."""
-    config = transformers.LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                                      intermediate_size=intermediate, vocab_size=vocab, max_position_embeddings=max(128, max_cache))
+    config = transformers.LlamaConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        max_position_embeddings=max(128, max_cache),
+    )
     model = transformers.LlamaForCausalLM(config).eval()
     model.generation_config = transformers.GenerationConfig(
-        use_cache=True, cache_implementation="static", cache_config={"batch_size": 1, "max_cache_len": max_cache, "device": "cpu"})
+        use_cache=True,
+        cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": max_cache, "device": "cpu"},
+    )
     return StaticCacheLM(model)
-

@@ -20,11 +20,12 @@ class Heads(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.classify = nn.Linear(width, classes)
 
-    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, *, scale: torch.Tensor
+    ) -> dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
         h = self.norm(self.trunk(x)) * scale
         logits = self.classify(h)
         return {"logits": logits, "stats": (h.mean(dim=-1), torch.softmax(logits, dim=-1))}
-
 
 
 class ResidualGelu(nn.Module):

@@ -30,8 +30,13 @@ def bert(hidden: int = 32, layers: int = 1, heads: int = 2, intermediate: int = 
     """A tiny BERT from a config (no download), returning BaseModelOutputWithPoolingAndCrossAttentions."""
     import transformers
 
-    config = transformers.BertConfig(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                                     intermediate_size=intermediate, vocab_size=vocab)
+    config = transformers.BertConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+    )
     return transformers.BertModel(config)
 
 

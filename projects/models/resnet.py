@@ -34,7 +34,11 @@ class ResNet(nn.Module):
         for i, blocks in enumerate(layers):
             planes = 64 * 2**i
             stride = 1 if i == 0 else 2
-            stages.append(nn.Sequential(BasicBlock(inplanes, planes, stride), *[BasicBlock(planes, planes) for _ in range(blocks - 1)]))
+            stages.append(
+                nn.Sequential(
+                    BasicBlock(inplanes, planes, stride), *[BasicBlock(planes, planes) for _ in range(blocks - 1)]
+                )
+            )
             inplanes = planes
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)

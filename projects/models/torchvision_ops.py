@@ -1,7 +1,8 @@
 """Importing torchvision (which timm and transformers' export integration import) on any torch build.
 
 torchvision's wheel on PyPI is a CUDA build: on a CPU build of torch its ops library (nms, roi_align...) does not load,
-and its import then fails where it registers a fake implementation for `torchvision::nms` and `qnms` regardless. The models here
+and its import then fails where it registers a fake implementation for `torchvision::nms` and `qnms` regardless. The
+models here
 use none of those ops, so where the library did not load, the op's schema is declared and the import goes on.
 """
 

@@ -30,8 +30,11 @@ def scaled_add(x: torch.Tensor, y: torch.Tensor, alpha: float) -> torch.Tensor:
 
 
 @triton.autotune(
-    configs=[triton.Config({"BLOCK": 256}, num_warps=2), triton.Config({"BLOCK": 1024}, num_warps=4),
-             triton.Config({"BLOCK": 2048}, num_warps=8)],
+    configs=[
+        triton.Config({"BLOCK": 256}, num_warps=2),
+        triton.Config({"BLOCK": 1024}, num_warps=4),
+        triton.Config({"BLOCK": 2048}, num_warps=8),
+    ],
     key=["n_elements"],
 )
 @triton.jit

@@ -28,7 +28,9 @@ from shimgen.toolchain import Toolchain
 NATIVE_FILE = "meson-python-native-file.ini"
 NINJA_STATUS = "[shimgen %f/%t] "
 _STATUS = re.compile(r"^\[shimgen (\d+)/(\d+)\] (.*)$")
-_BUILD_WHEEL = "import sys, mesonpy; print('shimgen-wheel:', mesonpy.build_wheel(sys.argv[1], {'build-dir': sys.argv[2]}))"
+_BUILD_WHEEL = (
+    "import sys, mesonpy; print('shimgen-wheel:', mesonpy.build_wheel(sys.argv[1], {'build-dir': sys.argv[2]}))"
+)
 ZIP_EPOCH = 315532800  # 1980-01-01 00:00 UTC, the earliest time a zip member can hold
 
 
@@ -45,17 +47,32 @@ class BuildFailure(BuildError):
 
 def setup_args(source: Path, build: Path) -> list[str]:
     """The arguments meson-python passes to `meson setup` (mesonpy.Project._configure)."""
-    return [str(source), str(build), "-Dbuildtype=release", "-Db_ndebug=if-release", "-Db_vscrt=md", f"--native-file={build / NATIVE_FILE}"]
+    return [
+        str(source),
+        str(build),
+        "-Dbuildtype=release",
+        "-Db_ndebug=if-release",
+        "-Db_vscrt=md",
+        f"--native-file={build / NATIVE_FILE}",
+    ]
 
 
-def build(source: Path, build_dir: Path, tc: Toolchain, what: str, launcher: str | None = None,
-          progress: Callable[[str], None] | None = None) -> CompileResult:
+def build(
+    source: Path,
+    build_dir: Path,
+    tc: Toolchain,
+    what: str,
+    launcher: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> CompileResult:
     """Configure `build_dir` for `source` once, then bring it up to date with ninja."""
     build_dir.mkdir(parents=True, exist_ok=True)
     # The content meson-python writes, so its reconfigure at the wheel step changes nothing.
     write_if_changed(build_dir / NATIVE_FILE, f"\n[binaries]\npython = '{tc.python}'\n")
     if not (build_dir / "meson-private" / "coredata.dat").is_file():
-        setup = run([tc.meson, "setup", *setup_args(source, build_dir)], env=_env(tc, launcher), log=_log(build_dir, "setup"))
+        setup = run(
+            [tc.meson, "setup", *setup_args(source, build_dir)], env=_env(tc, launcher), log=_log(build_dir, "setup")
+        )
         if not setup.ok:
             raise BuildFailure(what, "meson setup", setup, setup.tail(25))
     return _ninja(build_dir, tc, what, progress or (lambda message: None))
@@ -72,20 +89,40 @@ def _ninja(build_dir: Path, tc: Toolchain, what: str, progress: Callable[[str], 
             done, total = int(match[1]), int(match[2])
             progress(f"compile {done} of {total}: {unit_name(match[3])}")
 
-    ninja = run([tc.ninja, "-C", str(build_dir)], env={**_env(tc), "NINJA_STATUS": NINJA_STATUS}, log=_log(build_dir, "compile"),
-                on_line=on_line)
+    ninja = run(
+        [tc.ninja, "-C", str(build_dir)],
+        env={**_env(tc), "NINJA_STATUS": NINJA_STATUS},
+        log=_log(build_dir, "compile"),
+        on_line=on_line,
+    )
     if not ninja.ok:
         unit, detail = first_error(ninja.output, build_dir)
         raise BuildFailure(what, "compile", ninja, detail, unit)
-    return CompileResult(key="", extensions=built_files(build_dir), units_done=done, units_total=total, unit_seconds=_unit_seconds(build_dir, started))
+    return CompileResult(
+        key="",
+        extensions=built_files(build_dir),
+        units_done=done,
+        units_total=total,
+        unit_seconds=_unit_seconds(build_dir, started),
+    )
 
 
 def build_wheel(source: Path, build_dir: Path, out: Path, tc: Toolchain, launcher: str | None) -> Path:
     """meson-python, without build isolation, reusing the compile stage's build directory."""
-    wheel = run([tc.python, "-c", _BUILD_WHEEL, str(out), str(build_dir)], cwd=source, env=_env(tc, launcher), log=_log(build_dir, "wheel"))
+    wheel = run(
+        [tc.python, "-c", _BUILD_WHEEL, str(out), str(build_dir)],
+        cwd=source,
+        env=_env(tc, launcher),
+        log=_log(build_dir, "wheel"),
+    )
     if not wheel.ok:
         raise BuildFailure("the package", "meson-python", wheel, wheel.tail(20))
-    return out / next(line for line in reversed(wheel.output.splitlines()) if line.startswith("shimgen-wheel: "))[len("shimgen-wheel: "):]
+    return (
+        out
+        / next(line for line in reversed(wheel.output.splitlines()) if line.startswith("shimgen-wheel: "))[
+            len("shimgen-wheel: ") :
+        ]
+    )
 
 
 def source_date_epoch() -> int:
@@ -94,8 +131,10 @@ def source_date_epoch() -> int:
     if not value:
         return ZIP_EPOCH
     if not value.isdigit():
-        raise UserError(f"SOURCE_DATE_EPOCH={value!r} is not a number of seconds since 1970-01-01 UTC; "
-                        "set it to one (`git log -1 --format=%ct`, say) or unset it")
+        raise UserError(
+            f"SOURCE_DATE_EPOCH={value!r} is not a number of seconds since 1970-01-01 UTC; "
+            "set it to one (`git log -1 --format=%ct`, say) or unset it"
+        )
     return int(value)
 
 
@@ -154,7 +193,9 @@ def first_error(log: str, build_dir: Path) -> tuple[str, str]:
     if failed is not None:
         sources = re.findall(r"(\S+\.(?:cpp|cc|cxx|c))\b", " ".join(lines[failed : failed + 2]))
         unit = sources[-1] if sources else lines[failed][len("FAILED:") :].strip()
-    first = next((i for i, line in enumerate(lines) if re.search(r"\berror\b", line) and not line.startswith("FAILED:")), None)
+    first = next(
+        (i for i, line in enumerate(lines) if re.search(r"\berror\b", line) and not line.startswith("FAILED:")), None
+    )
     where = os.path.relpath((build_dir / unit).resolve()) if unit else ""
     if first is None:
         return where, "\n".join(log.strip().splitlines()[-25:])

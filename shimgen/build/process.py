@@ -38,13 +38,26 @@ class Completed:
         return "\n".join(self.output.strip().splitlines()[-lines:])
 
 
-def run(command: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None, log: Path | None = None,
-        on_line: Callable[[str], None] | None = None) -> Completed:
+def run(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    log: Path | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> Completed:
     """Run `command` to completion. A program that cannot be started at all reads as exit status 127."""
     lines: list[str] = []
     try:
-        with subprocess.Popen(list(command), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              errors="replace") as proc:
+        with subprocess.Popen(
+            list(command),
+            env=env,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        ) as proc:
             assert proc.stdout is not None
             for line in proc.stdout:
                 lines.append(line)

@@ -61,7 +61,9 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
     compat.check(compat.TRACE)
     compat.check(compat.CODEGEN)
     try:
-        return codegen.generate(task.traced, task.target, task.flags, task.cxx, task.out_dir, task.key, ops, task.locked, task.retune)
+        return codegen.generate(
+            task.traced, task.target, task.flags, task.cxx, task.out_dir, task.key, ops, task.locked, task.retune
+        )
     except SpecError:
         raise
     except UserError as exc:
@@ -81,11 +83,17 @@ def count(tasks: int, in_process: bool) -> int:
     return workers if workers > 1 else 0
 
 
-def run_all(tasks: list[tuple[str, T]], work: Callable[..., Any], workers: int, ops: CustomOps | None,
-            done: Callable[[str, Any, float, float], None]) -> None:
+def run_all(
+    tasks: list[tuple[str, T]],
+    work: Callable[..., Any],
+    workers: int,
+    ops: CustomOps | None,
+    done: Callable[[str, Any, float, float], None],
+) -> None:
     """Run `work` on each (name, task), in `workers` processes or here (0); `done(name, result, start, end)` in this
     process as each finishes, times from time.time(). Once every task has ended, the errors are raised in the tasks'
-    order, whichever finished first: the spec errors all together (SpecErrors where there are several), else the first."""
+    order, whichever finished first: the spec errors all together (SpecErrors where there are several), else the
+    first."""
     errors: dict[int, BaseException] = {}
     if not workers:
         for k, (name, task) in enumerate(tasks):
@@ -103,7 +111,9 @@ def run_all(tasks: list[tuple[str, T]], work: Callable[..., Any], workers: int, 
         else:  # no fresh process per task before Python 3.11
             pool = ProcessPoolExecutor(workers, mp_context=context)
         with pool:
-            futures: dict[Future[tuple[Any, float, float]], int] = {pool.submit(_timed, work, task): k for k, (_, task) in enumerate(tasks)}
+            futures: dict[Future[tuple[Any, float, float]], int] = {
+                pool.submit(_timed, work, task): k for k, (_, task) in enumerate(tasks)
+            }
             for future in as_completed(futures):
                 k = futures[future]
                 try:

@@ -71,12 +71,16 @@ class Redis:
     def _call(self, *commands: list[bytes]) -> list[bytes | None]:
         with socket.create_connection((self.host, self.port), timeout=30) as sock:
             stream = sock.makefile("rwb")
-            prelude = ([[b"AUTH", self.password.encode()]] if self.password else []) + ([[b"SELECT", str(self.db).encode()]] if self.db else [])
+            prelude = ([[b"AUTH", self.password.encode()]] if self.password else []) + (
+                [[b"SELECT", str(self.db).encode()]] if self.db else []
+            )
             for command in (*prelude, *commands):
-                stream.write(b"*%d\r\n" % len(command) + b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in command))
+                stream.write(
+                    b"*%d\r\n" % len(command) + b"".join(b"$%d\r\n%s\r\n" % (len(part), part) for part in command)
+                )
             stream.flush()
             replies = [_reply(stream) for _ in (*prelude, *commands)]
-            return replies[len(prelude):]
+            return replies[len(prelude) :]
 
     def get(self, key: str) -> bytes | None:
         return self._call([b"GET", (NAMESPACE + key).encode()])[0]
@@ -107,9 +111,17 @@ def backend(url: str) -> Backend:
     if parsed.scheme == "redis":
         try:
             db = int(parsed.path.strip("/") or 0)
-            return Redis(url, parsed.hostname or "localhost", parsed.port or 6379, db, unquote(parsed.password) if parsed.password else None)
+            return Redis(
+                url,
+                parsed.hostname or "localhost",
+                parsed.port or 6379,
+                db,
+                unquote(parsed.password) if parsed.password else None,
+            )
         except ValueError:
-            raise UserError(f"--cache {url}: a Redis URL is redis://[:password@]host[:port][/db], the db a number") from None
+            raise UserError(
+                f"--cache {url}: a Redis URL is redis://[:password@]host[:port][/db], the db a number"
+            ) from None
     if parsed.scheme == "file":
         return Directory(Path(unquote(parsed.path)))
     if parsed.scheme == "" and url:
@@ -167,7 +179,9 @@ def pack(root: Path, files: list[Path], meta: bytes) -> bytes:
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as zf:
         zf.writestr(zipfile.ZipInfo("meta.json", (1980, 1, 1, 0, 0, 0)), meta)
         for path in sorted(files):
-            zf.writestr(zipfile.ZipInfo(f"files/{path.relative_to(root).as_posix()}", (1980, 1, 1, 0, 0, 0)), path.read_bytes())
+            zf.writestr(
+                zipfile.ZipInfo(f"files/{path.relative_to(root).as_posix()}", (1980, 1, 1, 0, 0, 0)), path.read_bytes()
+            )
     return buffer.getvalue()
 
 
@@ -176,7 +190,7 @@ def unpack(data: bytes, root: Path) -> bytes:
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         for name in zf.namelist():
             if name.startswith("files/"):
-                target = root / name[len("files/"):]
+                target = root / name[len("files/") :]
                 if not target.resolve().is_relative_to(root.resolve()):
                     raise ValueError(f"an entry outside its directory: {name}")
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -219,5 +233,5 @@ def _relocate(value: Any, prefixes: dict[str, str]) -> Any:
     if isinstance(value, str):
         for old, new in sorted(prefixes.items(), key=lambda kv: -len(kv[0])):
             if value == old or value.startswith(old + "/"):
-                return new + value[len(old):]
+                return new + value[len(old) :]
     return value

@@ -40,8 +40,11 @@ def cases(graph: Graph, made: list[dict[str, int]] | None = None) -> list[tuple[
     return out
 
 
-def compare(spec: ProjectSpec, spec_dir: Path, package_dir: Path, made: dict[str, list[dict[str, int]]] | None = None) -> list[Comparison]:
-    """Each graph of the built package against eager at the example, min, middle and max sizes and each variant's (`made`: by
+def compare(
+    spec: ProjectSpec, spec_dir: Path, package_dir: Path, made: dict[str, list[dict[str, int]]] | None = None
+) -> list[Comparison]:
+    """Each graph of the built package against eager at the example, min, middle and max sizes and each variant's
+    (`made`: by
     graph, the sizes of the variants the build made)."""
     import torch
 
@@ -114,7 +117,9 @@ def _step(node: Any, k: int, names: list[str] | None) -> str:
     return f".{names[k]}" if names and type(node) not in (tuple, list) else f"[{k}]"
 
 
-def _matching_children(want: Any, got: Any, children: list[Any], names: list[str] | None, spec_dir: Path, path: str) -> list[Any]:
+def _matching_children(
+    want: Any, got: Any, children: list[Any], names: list[str] | None, spec_dir: Path, path: str
+) -> list[Any]:
     """`got`'s children, in `want`'s order, where `got` is the node the package promises for `want`."""
     expected: type | None
     if type(want) in (tuple, list, dict):
@@ -128,24 +133,42 @@ def _matching_children(want: Any, got: Any, children: list[Any], names: list[str
         got_parts = node_parts(got)
         assert got_parts is not None
         got_children, got_names = got_parts
-        if (isinstance(want, dict) and list(got) != list(want)) or got_names != names or len(got_children) != len(children):
-            raise StructureMismatch(f"{path}: {_fields(got, got_children, got_names)}, eager {_fields(want, children, names)}")
+        if (
+            (isinstance(want, dict) and list(got) != list(want))
+            or got_names != names
+            or len(got_children) != len(children)
+        ):
+            raise StructureMismatch(
+                f"{path}: {_fields(got, got_children, got_names)}, eager {_fields(want, children, names)}"
+            )
         return got_children
     if fallback == "namedtuple":
-        ok = isinstance(got, tuple) and type(got).__name__ == type(want).__name__ and list(getattr(got, "_fields", ())) == names
+        ok = (
+            isinstance(got, tuple)
+            and type(got).__name__ == type(want).__name__
+            and list(getattr(got, "_fields", ())) == names
+        )
     elif fallback == "dict":
         ok = type(got) is dict and list(got) == names
     else:
         ok = type(got) is tuple and len(got) == len(children)
     if not ok:
-        raise StructureMismatch(f"{path} is {_kind(got)}, but for eager's {_kind(want)} ({_fields(want, children, names)}) "
-                                f"the package returns a {fallback} of the same fields")
+        raise StructureMismatch(
+            f"{path} is {_kind(got)}, but for eager's {_kind(want)} ({_fields(want, children, names)}) "
+            f"the package returns a {fallback} of the same fields"
+        )
     return list(got.values()) if fallback == "dict" else list(got)
 
 
 def _kind(value: Any) -> str:
     cls = type(value)
-    return "None" if value is None else f"{cls.__module__}.{cls.__qualname__}" if cls.__module__ != "builtins" else cls.__name__
+    return (
+        "None"
+        if value is None
+        else f"{cls.__module__}.{cls.__qualname__}"
+        if cls.__module__ != "builtins"
+        else cls.__name__
+    )
 
 
 def _fields(value: Any, children: list[Any], names: list[str] | None) -> str:

@@ -27,8 +27,12 @@ def workflow(spec_path: Path, root: Path, cuda_runner: list[str], shimgen_requir
     """The workflow's YAML text; `spec_path` is written relative to `root`, the repository's top directory."""
     spec = load_spec(spec_path)
     jobs = [_job(build, cuda_runner) for build in matrix.identifiers(spec)]
-    context = {"name": f"shimgen {spec.project.name}", "spec": relative_spec(spec_path, root), "requirement": shimgen_requirement,
-               "jobs": jobs}
+    context = {
+        "name": f"shimgen {spec.project.name}",
+        "spec": relative_spec(spec_path, root),
+        "requirement": shimgen_requirement,
+        "jobs": jobs,
+    }
     _check_values(context)
     return _env().get_template(TEMPLATE).render(context)
 
@@ -36,14 +40,29 @@ def workflow(spec_path: Path, root: Path, cuda_runner: list[str], shimgen_requir
 def _job(build: matrix.BuildId, cuda_runner: list[str]) -> dict[str, Any]:
     """One `matrix.include` entry. `cuda` is '' for a CPU job: the schema of a matrix value has no null."""
     if build.cuda is None:
-        return {"identifier": build.identifier, "python": build.python, "torch": build.torch, "cuda": "", "device": build.target.device,
-                "torch_index": f"{TORCH_INDEX}/cpu", "runner": CPU_RUNNER}
+        return {
+            "identifier": build.identifier,
+            "python": build.python,
+            "torch": build.torch,
+            "cuda": "",
+            "device": build.target.device,
+            "torch_index": f"{TORCH_INDEX}/cpu",
+            "runner": CPU_RUNNER,
+        }
     if not cuda_runner:
-        raise UserError(f"--cuda-runner: the spec's CUDA job {build.identifier} needs a runner with a GPU; name its label, "
-                        "or several separated by commas, such as self-hosted,linux,gpu")
-    return {"identifier": build.identifier, "python": build.python, "torch": build.torch, "cuda": build.cuda, "device": build.target.device,
-            "torch_index": f"{TORCH_INDEX}/cu{build.cuda.replace('.', '')}",
-            "runner": cuda_runner[0] if len(cuda_runner) == 1 else cuda_runner}
+        raise UserError(
+            f"--cuda-runner: the spec's CUDA job {build.identifier} needs a runner with a GPU; name its label, "
+            "or several separated by commas, such as self-hosted,linux,gpu"
+        )
+    return {
+        "identifier": build.identifier,
+        "python": build.python,
+        "torch": build.torch,
+        "cuda": build.cuda,
+        "device": build.target.device,
+        "torch_index": f"{TORCH_INDEX}/cu{build.cuda.replace('.', '')}",
+        "runner": cuda_runner[0] if len(cuda_runner) == 1 else cuda_runner,
+    }
 
 
 def _check_values(value: object) -> None:
@@ -60,8 +79,14 @@ def _check_values(value: object) -> None:
 
 def _env() -> jinja2.Environment:
     """render.py's settings: every printed value must go through an escaping filter."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, finalize=escape.require_escaped)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        finalize=escape.require_escaped,
+    )
     env.filters.update(escape.FILTERS)
     return env
 
@@ -70,7 +95,9 @@ def relative_spec(spec_path: Path, root: Path) -> str:
     """The spec's path from the repository root, with forward slashes, as the workflow's jobs name it."""
     spec, top = spec_path.resolve(), root.resolve()
     if not spec.is_relative_to(top):
-        raise UserError(f"--root {root}: the spec {spec_path} is not under it; the workflow runs from the repository's top directory")
+        raise UserError(
+            f"--root {root}: the spec {spec_path} is not under it; the workflow runs from the repository's top directory"
+        )
     text = spec.relative_to(top).as_posix()
     try:
         text.encode("utf-8")

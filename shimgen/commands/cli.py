@@ -1,4 +1,5 @@
-"""`shimgen build | check | matrix | ci | report | merge | doctor | schema | clean`. User errors print one line and exit 2; a shimgen bug prints
+"""`shimgen build | check | matrix | ci | report | merge | doctor | schema | clean`. User errors print one line and exit
+2; a shimgen bug prints
 one paragraph, saves its traceback to a file and exits 3."""
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def _check_out(out: Path) -> None:
     """--out must be, or be creatable as, a directory we can write to: say so now, not as an OSError in a stage."""
     try:
         str(out.absolute()).encode("utf-8")
-    except UnicodeEncodeError:  # bytes that are not UTF-8, kept by Python as surrogates: torch.export.save aborts on them
+    except (
+        UnicodeEncodeError
+    ):  # bytes that are not UTF-8, kept by Python as surrogates: torch.export.save aborts on them
         raise UserError(f"--out {out}: the path is not UTF-8 text; choose another output directory") from None
     existing = next(p for p in (out, *out.absolute().parents) if p.exists())
     if not existing.is_dir():
@@ -88,8 +91,9 @@ def _internal_error(exc: Exception, argv: list[str] | None) -> str:
     """One paragraph for a shimgen bug; the full traceback goes to a file the report can attach."""
     lines = str(exc).strip().splitlines() or [""]
     message = f"{type(exc).__name__}: {lines[0]}" + (" ..." if len(lines) > 1 else "")
-    report = (f"shimgen {' '.join(sys.argv[1:] if argv is None else argv)}\npython {sys.version}\n\n"
-              + "".join(traceback.format_exception(exc)))
+    report = f"shimgen {' '.join(sys.argv[1:] if argv is None else argv)}\npython {sys.version}\n\n" + "".join(
+        traceback.format_exception(exc)
+    )
     try:
         # mkstemp: a new file of our own even in a shared /tmp (no clobbering, no following a planted link)
         fd, crash = tempfile.mkstemp(prefix=f"shimgen-crash-{os.getpid()}-", suffix=".txt", dir=tempfile.gettempdir())
@@ -106,24 +110,44 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     def only_option(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--only", metavar="ID", help="build just this build identifier (see `shimgen matrix`), in build/<name>/<ID>/")
-        p.add_argument("--cache", metavar="URL", help="a build cache shared across machines: redis://host:port[/db], file:///path or "
-                       f"a directory (default: ${shared_cache.ENV})")
+        p.add_argument(
+            "--only",
+            metavar="ID",
+            help="build just this build identifier (see `shimgen matrix`), in build/<name>/<ID>/",
+        )
+        p.add_argument(
+            "--cache",
+            metavar="URL",
+            help="a build cache shared across machines: redis://host:port[/db], file:///path or "
+            f"a directory (default: ${shared_cache.ENV})",
+        )
 
     def spec_command(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help, description=help)
         p.add_argument("spec", type=Path, help="the spec file, e.g. projects/resnet.toml")
-        p.add_argument("--out", type=Path, default=Path("."), help="root of build/ and dist/ (default: current directory)")
+        p.add_argument(
+            "--out", type=Path, default=Path("."), help="root of build/ and dist/ (default: current directory)"
+        )
         return p
 
     p = spec_command("build", "trace, generate, compile and package a spec")
     p.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
     only_option(p)
     p.add_argument("--force", action="store_true", help="ignore recorded stage keys and rebuild everything")
-    p.add_argument("--no-cache", action="store_true", help="do not compile through ccache/sccache even when one is on PATH")
-    p.add_argument("--retune", action="store_true", help="measure every kernel choice again instead of replaying <spec>.lock, and rewrite it")
-    p.add_argument("--no-verify", action="store_true", help="install the package without first running each graph at its smallest, "
-                   "example and largest sizes against the program it was compiled from")
+    p.add_argument(
+        "--no-cache", action="store_true", help="do not compile through ccache/sccache even when one is on PATH"
+    )
+    p.add_argument(
+        "--retune",
+        action="store_true",
+        help="measure every kernel choice again instead of replaying <spec>.lock, and rewrite it",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="install the package without first running each graph at its smallest, "
+        "example and largest sizes against the program it was compiled from",
+    )
     p.set_defaults(run=_build)
 
     p = spec_command("check", "build if needed, then compare the package with eager PyTorch")
@@ -131,42 +155,73 @@ def _parser() -> argparse.ArgumentParser:
     only_option(p)
     p.set_defaults(run=_check)
 
-    p = sub.add_parser("matrix", help="print the spec's build identifiers, one per CI job", description="print the spec's build "
-                       "identifiers (target x torch x Python, x CUDA for a cuda target), one per CI job")
+    p = sub.add_parser(
+        "matrix",
+        help="print the spec's build identifiers, one per CI job",
+        description="print the spec's build "
+        "identifiers (target x torch x Python, x CUDA for a cuda target), one per CI job",
+    )
     p.add_argument("spec", type=Path, help="the spec file, e.g. projects/resnet.toml")
     p.add_argument("--json", action="store_true", help="a JSON list of the jobs with their versions, for a CI matrix")
     p.set_defaults(run=_matrix)
 
-    p = sub.add_parser("ci", help="write a GitHub Actions workflow with one job per build identifier", description="write a GitHub "
-                       "Actions workflow for the spec's build matrix: one job per build identifier (see `shimgen matrix`), each "
-                       "installing its torch, then shimgen, then running build and check with --only its identifier")
+    p = sub.add_parser(
+        "ci",
+        help="write a GitHub Actions workflow with one job per build identifier",
+        description="write a GitHub "
+        "Actions workflow for the spec's build matrix: one job per build identifier (see `shimgen matrix`), each "
+        "installing its torch, then shimgen, then running build and check with --only its identifier",
+    )
     p.add_argument("spec", type=Path, help="the spec file, e.g. projects/resnet.toml")
-    p.add_argument("--root", type=Path, help="the repository's top directory, where the jobs run (default: the top of the git "
-                   "repository holding the spec, else the current directory)")
+    p.add_argument(
+        "--root",
+        type=Path,
+        help="the repository's top directory, where the jobs run (default: the top of the git "
+        "repository holding the spec, else the current directory)",
+    )
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--output", type=Path, help="the workflow file (default: <root>/.github/workflows/shimgen-<name>.yml)")
+    where.add_argument(
+        "--output", type=Path, help="the workflow file (default: <root>/.github/workflows/shimgen-<name>.yml)"
+    )
     where.add_argument("--print", action="store_true", help="write the workflow to stdout instead of a file")
-    p.add_argument("--cuda-runner", default="gpu", metavar="LABEL[,LABEL...]", help="runs-on label of the CUDA jobs' runner, or "
-                   "several separated by commas, such as self-hosted,linux,gpu (default: gpu)")
-    p.add_argument("--shimgen-requirement", metavar="REQUIREMENT", help="what the jobs pip install as shimgen, such as "
-                   "'shimgen>=0.1' or 'shimgen @ git+https://...' (default: shimgen==<this shimgen's version>)")
+    p.add_argument(
+        "--cuda-runner",
+        default="gpu",
+        metavar="LABEL[,LABEL...]",
+        help="runs-on label of the CUDA jobs' runner, or "
+        "several separated by commas, such as self-hosted,linux,gpu (default: gpu)",
+    )
+    p.add_argument(
+        "--shimgen-requirement",
+        metavar="REQUIREMENT",
+        help="what the jobs pip install as shimgen, such as "
+        "'shimgen>=0.1' or 'shimgen @ git+https://...' (default: shimgen==<this shimgen's version>)",
+    )
     p.set_defaults(run=_ci)
 
-    p = sub.add_parser("merge", help="join one package's per-target wheels (built with --only) into one multi-target wheel")
+    p = sub.add_parser(
+        "merge", help="join one package's per-target wheels (built with --only) into one multi-target wheel"
+    )
     p.add_argument("wheels", type=Path, nargs="+", help="the wheels, one per target")
     p.add_argument("--out", type=Path, default=Path("dist"), help="directory of the merged wheel (default: dist)")
     p.set_defaults(run=_merge)
 
     p = spec_command("report", "show what the last build made: kernels, kernel choices, compile seconds, sizes")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object on stdout")
-    p.add_argument("--only", metavar="ID", help="report the build of this build identifier (see `shimgen matrix`), in build/<name>/<ID>/")
+    p.add_argument(
+        "--only",
+        metavar="ID",
+        help="report the build of this build identifier (see `shimgen matrix`), in build/<name>/<ID>/",
+    )
     p.set_defaults(run=_report)
 
     p = spec_command("clean", "remove build/<name>/ and the project's wheels from dist/")
     p.set_defaults(run=_clean)
 
     p = sub.add_parser("doctor", help="show what the toolchain found and which compilers the probe proved")
-    p.add_argument("--refresh", action="store_true", help="prove every compiler again instead of reading cached verdicts")
+    p.add_argument(
+        "--refresh", action="store_true", help="prove every compiler again instead of reading cached verdicts"
+    )
     p.set_defaults(run=_doctor)
 
     p = sub.add_parser("schema", help="print the spec's JSON schema (or a Markdown reference)")
@@ -185,14 +240,26 @@ def _progress(stage: str, message: str) -> None:
         print(f"{clear}[{stage}] {message}", file=sys.stderr, flush=True)
 
 
-def _run_build(args: argparse.Namespace, force: bool = False, use_cache: bool = True, retune: bool = False,
-               verify: bool = True) -> BuildOutput:
-    return build(args.spec, args.out, force=force, use_cache=use_cache, progress=_progress, only=args.only, retune=retune,
-                 cache_url=args.cache, verify=verify)
+def _run_build(
+    args: argparse.Namespace, force: bool = False, use_cache: bool = True, retune: bool = False, verify: bool = True
+) -> BuildOutput:
+    return build(
+        args.spec,
+        args.out,
+        force=force,
+        use_cache=use_cache,
+        progress=_progress,
+        only=args.only,
+        retune=retune,
+        cache_url=args.cache,
+        verify=verify,
+    )
 
 
 def _build(args: argparse.Namespace) -> int:
-    result = _run_build(args, force=args.force, use_cache=not args.no_cache, retune=args.retune, verify=not args.no_verify)
+    result = _run_build(
+        args, force=args.force, use_cache=not args.no_cache, retune=args.retune, verify=not args.no_verify
+    )
     _print_summary(result)
     if args.json:
         print(json.dumps(result.summary(), indent=2))
@@ -204,31 +271,50 @@ def _print_summary(result: BuildOutput) -> None:
     print(f"\nbuilt {result.name} ({', '.join(result.identifiers)}): {', '.join(result.graphs)}", file=err)
     print(f"  wheel:       {result.wheel}", file=err)
     print(f"  package_dir: {result.package_dir}", file=err)
-    print(f"  compiler cache: {result.compiler_cache or 'none (no ccache/sccache on PATH, --no-cache, or nothing compiled)'}", file=err)
+    print(
+        f"  compiler cache: {result.compiler_cache or 'none (no ccache/sccache on PATH, --no-cache, or nothing compiled)'}",
+        file=err,
+    )
     if result.shared_cache:
         shared = result.shared_cache
         found = ", ".join(shared["found"]) or "nothing"
-        print(f"  shared cache: {shared['url']}: found {found}; stored {', '.join(shared['stored']) or 'nothing'}"
-              + (f"; off after an error: {shared['error']}" if shared["error"] else ""), file=err)
+        print(
+            f"  shared cache: {shared['url']}: found {found}; stored {', '.join(shared['stored']) or 'nothing'}"
+            + (f"; off after an error: {shared['error']}" if shared["error"] else ""),
+            file=err,
+        )
     if result.skipped:
         print(f"  up to date, skipped: {', '.join(result.skipped)}", file=err)
     print(f"  {'stage':<10} {'seconds':>8}", file=err)
     for stage, seconds in result.stages.items():
         print(f"  {stage:<10} {seconds:>8.2f}", file=err)
-    print(f"  {'elapsed':<10} {result.elapsed:>8.2f}  (stages of several units overlap)"
-          if result.elapsed < sum(result.stages.values()) - 0.5 else f"  {'total':<10} {result.elapsed:>8.2f}", file=err)
+    print(
+        f"  {'elapsed':<10} {result.elapsed:>8.2f}  (stages of several units overlap)"
+        if result.elapsed < sum(result.stages.values()) - 0.5
+        else f"  {'total':<10} {result.elapsed:>8.2f}",
+        file=err,
+    )
     for m in result.models:
         if m.get("automatic"):
-            print(f"  {m['unit']} {', '.join(f'{d}={n}' for d, n in m['variant'].items())}: a variant of its own: {m['automatic']}", file=err)
+            print(
+                f"  {m['unit']} {', '.join(f'{d}={n}' for d, n in m['variant'].items())}: a variant of its own: {m['automatic']}",
+                file=err,
+            )
     if any(m["variant"] for m in result.models):
         print("  models (this build's seconds; bytes in the package, a variant's weights those it adds):", file=err)
         for m in result.models:
             name = ", ".join(f"{d}={n}" for d, n in m["variant"].items()) if m["variant"] else "dynamic"
             added = f", weights +{m['weights_bytes'] / 1e6:.1f} MB" if m["weights_bytes"] is not None else ""
-            print(f"    {m['unit']} {name}: trace {m['trace']:.1f}s, codegen {m['codegen']:.1f}s, compile {m['compile']:.1f}s; "
-                  f"library {m['library_bytes'] / 1e6:.1f} MB{added}", file=err)
+            print(
+                f"    {m['unit']} {name}: trace {m['trace']:.1f}s, codegen {m['codegen']:.1f}s, compile {m['compile']:.1f}s; "
+                f"library {m['library_bytes'] / 1e6:.1f} MB{added}",
+                file=err,
+            )
     if result.verified.get("cases"):
-        print(f"  verified against the traced programs in {result.verified['seconds']:.1f}s: {len(result.verified['cases'])} calls", file=err)
+        print(
+            f"  verified against the traced programs in {result.verified['seconds']:.1f}s: {len(result.verified['cases'])} calls",
+            file=err,
+        )
     for skipped in result.verified.get("skipped", []):
         print(f"  not verified: {skipped}", file=err)
     if result.slowest_units:
@@ -238,7 +324,11 @@ def _print_summary(result: BuildOutput) -> None:
         for c in choices:
             others = ", ".join(f"{name} {us:g}" for name, us in c.us.items() if name != c.picked)
             times = f" x{c.count}" if c.count > 1 else ""
-            print(f"    {c.op}({', '.join(c.sizes)}){times}: {c.picked} {c.us[c.picked]:g}" + (f"; {others}" if others else ""), file=err)
+            print(
+                f"    {c.op}({', '.join(c.sizes)}){times}: {c.picked} {c.us[c.picked]:g}"
+                + (f"; {others}" if others else ""),
+                file=err,
+            )
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -256,10 +346,16 @@ def _check(args: argparse.Namespace) -> int:
     failed = [r for r in rows if not r.ok]
     print(f"\n{'graph':<12} {'case':<14} {'output':<24} {'max abs err':>12} {'max rel err':>12}", file=sys.stderr)
     for r in rows:
-        print(f"{r.graph:<12} {r.case:<14} {r.output:<24} {r.max_abs:>12.3g} {r.max_rel:>12.3g}{'' if r.ok else '  MISMATCH'}", file=sys.stderr)
+        print(
+            f"{r.graph:<12} {r.case:<14} {r.output:<24} {r.max_abs:>12.3g} {r.max_rel:>12.3g}{'' if r.ok else '  MISMATCH'}",
+            file=sys.stderr,
+        )
     tolerances = ", ".join(f"{g.name}: atol={g.atol:g} rtol={g.rtol:g}" for g in spec.graph)
-    verdict = (f"{len(failed)} of {len(rows)} outputs beyond tolerance ({tolerances})" if failed
-               else f"all {len(rows)} outputs match eager ({tolerances})")
+    verdict = (
+        f"{len(failed)} of {len(rows)} outputs beyond tolerance ({tolerances})"
+        if failed
+        else f"all {len(rows)} outputs match eager ({tolerances})"
+    )
     print(f"\ncheck: {verdict} in {time.monotonic() - started:.1f}s", file=sys.stderr)
     if any(not device(t.device).available() for t in spec.target):
         print("check: the cuda target was not checked: this machine has no GPU", file=sys.stderr)
@@ -278,8 +374,12 @@ def _matrix(args: argparse.Namespace) -> int:
 
 def _ci(args: argparse.Namespace) -> int:
     root = args.root or ci_workflow.default_root(args.spec)
-    text = ci_workflow.workflow(args.spec, root, ci_workflow.runner_labels(args.cuda_runner),
-                                args.shimgen_requirement or ci_workflow.default_requirement())
+    text = ci_workflow.workflow(
+        args.spec,
+        root,
+        ci_workflow.runner_labels(args.cuda_runner),
+        args.shimgen_requirement or ci_workflow.default_requirement(),
+    )
     if args.print:
         print(text, end="")
         return 0
@@ -342,7 +442,11 @@ def _shared_line(url: str) -> str:
         backend.get("doctor")
     except OSError as exc:
         return f"{backend.url}: unreachable ({exc})"
-    remote = f"; ccache remote storage {shared_cache.ccache_remote(backend)}" if "ccache" in (toolchain.compiler_cache() or "") else ""
+    remote = (
+        f"; ccache remote storage {shared_cache.ccache_remote(backend)}"
+        if "ccache" in (toolchain.compiler_cache() or "")
+        else ""
+    )
     return f"{backend.url}: reachable{remote}"
 
 

@@ -29,8 +29,15 @@ class BuildId:
         return f"cp{self.python.replace('.', '')}-torch{self.torch}-{target_label(self.target, self.cuda, '-')}"
 
     def as_json(self) -> dict[str, object]:
-        return {"identifier": self.identifier, "python": self.python, "torch": self.torch, "cuda": self.cuda,
-                "device": self.target.device, "isa": self.target.isa, "archs": self.target.archs}
+        return {
+            "identifier": self.identifier,
+            "python": self.python,
+            "torch": self.torch,
+            "cuda": self.cuda,
+            "device": self.target.device,
+            "isa": self.target.isa,
+            "archs": self.target.archs,
+        }
 
 
 def target_label(target: Target, cuda: str | None, sep: str) -> str:
@@ -62,8 +69,10 @@ def identifiers(spec: ProjectSpec) -> list[BuildId]:
     ids = []
     for target in spec.target:
         if device(target.device).gpu and not cuda_versions:
-            raise UserError("the spec has a cuda target and this torch is a CPU build: list the CUDA versions to build for in "
-                            "matrix.cuda, such as [\"13.0\"]")
+            raise UserError(
+                "the spec has a cuda target and this torch is a CPU build: list the CUDA versions to build for in "
+                'matrix.cuda, such as ["13.0"]'
+            )
         for py in spec.matrix.python or [python]:
             for version in spec.matrix.torch or [torch]:
                 for cu in cuda_versions if device(target.device).gpu else [None]:
@@ -79,14 +88,25 @@ def select(spec: ProjectSpec, pattern: str) -> BuildId:
     if not picked:
         raise UserError(f"--only {pattern}: no build identifier of the spec matches; it has {listed}")
     if len(picked) > 1:
-        raise UserError(f"--only {pattern}: matches {len(picked)} identifiers ({', '.join(b.identifier for b in picked)}); name one")
+        raise UserError(
+            f"--only {pattern}: matches {len(picked)} identifiers ({', '.join(b.identifier for b in picked)}); name one"
+        )
     build = picked[0]
     python, torch, cuda = running()
-    needs = [(what, want, have) for what, want, have in (("Python", build.python, python), ("torch", build.torch, torch),
-                                                          ("CUDA", build.cuda, cuda if build.cuda else None)) if want != have]
+    needs = [
+        (what, want, have)
+        for what, want, have in (
+            ("Python", build.python, python),
+            ("torch", build.torch, torch),
+            ("CUDA", build.cuda, cuda if build.cuda else None),
+        )
+        if want != have
+    ]
     if needs:
         wanted = ", ".join(f"{what} {want}" for what, want, _ in needs)
         found = ", ".join(f"{what} {have or 'none (a CPU build)'}" for what, _, have in needs)
-        raise UserError(f"--only {build.identifier} builds with {wanted}; this environment has {found}. Run it in the matrix job "
-                        "whose environment has them (shimgen matrix --json lists each job's versions)")
+        raise UserError(
+            f"--only {build.identifier} builds with {wanted}; this environment has {found}. Run it in the matrix job "
+            "whose environment has them (shimgen matrix --json lists each job's versions)"
+        )
     return build

@@ -50,8 +50,15 @@ def collect(spec_path: Path, out: Path, only: str | None) -> dict[str, Any]:
         raise UserError(_never_built(spec.project.name, layout, only))
     state = State(layout.state_file)
     packaged = state.get(PackageResult, "package") or _unrecorded_package(layout, spec.project.name)
-    build = _Build(spec.project.name, layout, state, packaged, _lockfile_units(layout.lock_path), _torch_version(),
-                   _translation_units(layout))
+    build = _Build(
+        spec.project.name,
+        layout,
+        state,
+        packaged,
+        _lockfile_units(layout.lock_path),
+        _torch_version(),
+        _translation_units(layout),
+    )
     units = {unit_name(g, t): _unit(build, g, t) for t in spec.target for g in spec.graph}
     return {
         "name": build.name,
@@ -76,8 +83,19 @@ def _unrecorded_package(layout: Layout, name: str) -> PackageResult | None:
     info = next(layout.site.glob(f"{name}-*.dist-info"), None)
     if info is None or not (info / "WHEEL").is_file():
         return None
-    tag = next((line.split(":", 1)[1].strip() for line in (info / "WHEEL").read_text().splitlines() if line.startswith("Tag:")), None)
-    return PackageResult(key="", wheel=layout.dist / f"{info.name.removesuffix('.dist-info')}-{tag}.whl", site=layout.site) if tag else None
+    tag = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in (info / "WHEEL").read_text().splitlines()
+            if line.startswith("Tag:")
+        ),
+        None,
+    )
+    return (
+        PackageResult(key="", wheel=layout.dist / f"{info.name.removesuffix('.dist-info')}-{tag}.whl", site=layout.site)
+        if tag
+        else None
+    )
 
 
 def _torch_version() -> str | None:
@@ -101,7 +119,9 @@ def _unit(build: _Build, graph: Graph, target: Target) -> dict[str, Any]:
         "translation_units": [_without_unit(s) for s in build.steps if s["unit"] == unit],
         "sizes": {
             "extension": _sized(_extension(unit, build)),
-            "weights": _sized(code.weights_file or code.weights) if code else None,  # the weights file, or the object linked in
+            "weights": _sized(code.weights_file or code.weights)
+            if code
+            else None,  # the weights file, or the object linked in
         },
     }
 
@@ -121,9 +141,17 @@ def _translation_units(layout: Layout) -> list[dict[str, Any]]:
         if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit():
             seconds[parts[3]] = (int(parts[1]) - int(parts[0])) / 1000  # later entries are later builds
     owners = _owners(layout)
-    return [{"name": tu_name(output), "output": output, "step": _step(output), "seconds": s,
-             "unit": owners.get(output) or owners.get(output.split("/")[0])}
-            for output, s in seconds.items() if (layout.meson / output).is_file()]
+    return [
+        {
+            "name": tu_name(output),
+            "output": output,
+            "step": _step(output),
+            "seconds": s,
+            "unit": owners.get(output) or owners.get(output.split("/")[0]),
+        }
+        for output, s in seconds.items()
+        if (layout.meson / output).is_file()
+    ]
 
 
 def _owners(layout: Layout) -> dict[str, str]:
@@ -172,10 +200,14 @@ def text(report: dict[str, Any]) -> str:
     for unit, data in report["units"].items():
         lines += ["", f"{unit} (graph {data['graph']}, {data['device']})"]
         if not data["generated"]:
-            lines.append("  not generated: state.json records no codegen for it (the last build failed before it, or is still running)")
+            lines.append(
+                "  not generated: state.json records no codegen for it (the last build failed before it, or is still running)"
+            )
         lines += _kernel_lines(data["kernels"], root) + _choice_lines(data, report["lockfile"])
         lines += _tu_lines(data["translation_units"])
-        lines += ["  sizes:"] + _table([[k, _shown(v, root), _bytes(v)] for k, v in data["sizes"].items()], "    ", right=2)
+        lines += ["  sizes:"] + _table(
+            [[k, _shown(v, root), _bytes(v)] for k, v in data["sizes"].items()], "    ", right=2
+        )
     if report["translation_units"]:
         lines += ["", "shared"] + _tu_lines(report["translation_units"])
     lines += ["", f"wheel: {_shown(report['wheel'], root)} {_bytes(report['wheel'])}".rstrip()]
@@ -183,8 +215,15 @@ def text(report: dict[str, Any]) -> str:
 
 
 def _kernel_lines(kernels: list[dict[str, Any]], root: Path) -> list[str]:
-    rows = [[k["name"], k["kind"], _relative(k["source"], root) + (f":{k['line']}" if k["line"] else ""),
-             f"x{k['calls']}" if k["calls"] is not None else ""] for k in kernels]
+    rows = [
+        [
+            k["name"],
+            k["kind"],
+            _relative(k["source"], root) + (f":{k['line']}" if k["line"] else ""),
+            f"x{k['calls']}" if k["calls"] is not None else "",
+        ]
+        for k in kernels
+    ]
     return [f"  kernels ({len(kernels)}):"] + (_table(rows, "    ") if rows else ["    none found"])
 
 
@@ -196,21 +235,30 @@ def _choice_lines(data: dict[str, Any], lock: str | None) -> list[str]:
     for c in data["kernel_choices"]:
         count = f" x{c['count']}" if c.get("count", 1) > 1 else ""
         others = "; ".join(f"{name} {us:g}" for name, us in c["us"].items() if name != c["picked"])
-        lines.append(f"    {c['op']}({', '.join(c['sizes'])}){count}: {c['picked']} {c['us'].get(c['picked'], float('nan')):g}"
-                     + (f"; {others}" if others else ""))
+        lines.append(
+            f"    {c['op']}({', '.join(c['sizes'])}){count}: {c['picked']} {c['us'].get(c['picked'], float('nan')):g}"
+            + (f"; {others}" if others else "")
+        )
     return lines
 
 
 def _tu_lines(steps: list[dict[str, Any]]) -> list[str]:
     rows = [[s["name"], s["step"], f"{s['seconds']:.1f}s"] for s in sorted(steps, key=lambda s: -s["seconds"])]
-    return ["  translation units:"] + (_table(rows, "    ", right=2) if rows else ["    none in the Meson build's .ninja_log"])
+    return ["  translation units:"] + (
+        _table(rows, "    ", right=2) if rows else ["    none in the Meson build's .ninja_log"]
+    )
 
 
 def _table(rows: list[list[str]], indent: str, right: int | None = None) -> list[str]:
     """Rows in aligned columns; column `right` aligned to the right."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [indent + "  ".join(cell.rjust(w) if i == right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-            for row in rows]
+    return [
+        indent
+        + "  ".join(
+            cell.rjust(w) if i == right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def _relative(path: str, root: Path) -> str:

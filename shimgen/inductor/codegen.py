@@ -49,13 +49,29 @@ ISA_FLAGS = {
     "avx2": (256, ["-march=x86-64-v3"], "CPU_CAPABILITY_AVX2"),
     "default": (1, ["-march=x86-64"], None),
 }
-# Every Inductor config key shimgen sets (inductor_configs, kernel_choice.recorded): compat checks that this torch has them.
+# Every Inductor config key shimgen sets (inductor_configs, kernel_choice.recorded): compat checks that this torch has
+# them.
 CONFIG_KEYS = (
-    "aot_inductor.package_cpp_only", "aot_inductor.precompile_headers", "aot_inductor.package_constants_in_so",
-    "aot_inductor.package_constants_on_disk_format", "aot_inductor.embed_kernel_binary", "aot_inductor.emit_multi_arch_kernel",
-    "cpp.vec_isa_ok", "cpp.cxx", "cpp.weight_prepack", "cpp.dynamic_threads", "cpp.threads", "cpp.simdlen",
-    "freezing", "max_autotune", "max_autotune_gemm", "max_autotune_gemm_backends", "max_autotune_conv_backends",
-    "triton.unique_user_kernel_names", "triton.enable_persistent_tma_matmul", "test_configs.autotune_choice_name_regex",
+    "aot_inductor.package_cpp_only",
+    "aot_inductor.precompile_headers",
+    "aot_inductor.package_constants_in_so",
+    "aot_inductor.package_constants_on_disk_format",
+    "aot_inductor.embed_kernel_binary",
+    "aot_inductor.emit_multi_arch_kernel",
+    "cpp.vec_isa_ok",
+    "cpp.cxx",
+    "cpp.weight_prepack",
+    "cpp.dynamic_threads",
+    "cpp.threads",
+    "cpp.simdlen",
+    "freezing",
+    "max_autotune",
+    "max_autotune_gemm",
+    "max_autotune_gemm_backends",
+    "max_autotune_conv_backends",
+    "triton.unique_user_kernel_names",
+    "triton.enable_persistent_tma_matmul",
+    "test_configs.autotune_choice_name_regex",
     "trace.log_autotuning_results",
 )
 
@@ -73,8 +89,15 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     }
     if cxx:
         configs["cpp.cxx"] = (None, cxx)
-    if flags.weights == "file":  # the weights as one blob beside the code (weights.write_from_blob), the model told not to expect them
-        configs.update({"aot_inductor.package_constants_in_so": False, "aot_inductor.package_constants_on_disk_format": "binary_blob"})
+    if (
+        flags.weights == "file"
+    ):  # the weights as one blob beside the code (weights.write_from_blob), the model told not to expect them
+        configs.update(
+            {
+                "aot_inductor.package_constants_in_so": False,
+                "aot_inductor.package_constants_on_disk_format": "binary_blob",
+            }
+        )
     if devices.device(target.device).gpu:
         configs["aot_inductor.embed_kernel_binary"] = True
         configs["aot_inductor.emit_multi_arch_kernel"] = True  # PTX, not a cubin for the build GPU alone
@@ -86,9 +109,14 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
         if flags.tma:
             # Autotuning would pick cuBLAS or the plain mm template whenever they time faster; TMA means
             # the persistent TMA template for every GEMM, so the others are left out of the running.
-            configs.update({"max_autotune": True, "max_autotune_gemm_backends": "TRITON",
-                            "triton.enable_persistent_tma_matmul": True,
-                            "test_configs.autotune_choice_name_regex": r"^(?!triton_(mm|bmm)_\d)"})
+            configs.update(
+                {
+                    "max_autotune": True,
+                    "max_autotune_gemm_backends": "TRITON",
+                    "triton.enable_persistent_tma_matmul": True,
+                    "test_configs.autotune_choice_name_regex": r"^(?!triton_(mm|bmm)_\d)",
+                }
+            )
         return configs
     # Inductor's C++ GEMM template packs the weights itself, for the target's ISA; Inductor offers it only with
     # cpp.weight_prepack, which also lets oneDNN and MKL prepack where `uses_onednn` allows.
@@ -123,10 +151,21 @@ def codegen_key(traced: TraceResult, target: Target, flags: Flags, locked: Timin
     Python files the trace read count by content (a Triton kernel's source), other files only through the program."""
     host = _host_cpu() if not devices.device(target.device).gpu and target.isa == "native" else None
     code_read = sorted(digest for path, digest in traced.reads if path.endswith(".py"))
-    return stage_key(traced.structure, traced.out_nodes, traced.weights if values_compiled(flags) else None, code_read, torch_version,
-                     locked, host, target.isa, target.archs,
-                     inductor_configs(target, flags), flags.onednn, flags.split,
-                     shimgen_fingerprint())
+    return stage_key(
+        traced.structure,
+        traced.out_nodes,
+        traced.weights if values_compiled(flags) else None,
+        code_read,
+        torch_version,
+        locked,
+        host,
+        target.isa,
+        target.archs,
+        inductor_configs(target, flags),
+        flags.onednn,
+        flags.split,
+        shimgen_fingerprint(),
+    )
 
 
 def _host_cpu() -> str:
@@ -139,8 +178,17 @@ def _host_cpu() -> str:
     return stage_key(wanted[:2])
 
 
-def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_dir: Path, key: str, ops: CustomOps | None,
-             locked: Timings, retune: bool = False) -> CodegenResult:
+def generate(
+    traced: TraceResult,
+    target: Target,
+    flags: Flags,
+    cxx: str,
+    out_dir: Path,
+    key: str,
+    ops: CustomOps | None,
+    locked: Timings,
+    retune: bool = False,
+) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
     for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
     dispatcher at run time. Kernel choices come from the `locked` timings where they have them (unless `retune`).
@@ -156,9 +204,17 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
         try:
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
-            per_device = _cuda_codegen(Path(tmp)) if devices.device(target.device).gpu else _parallel_only_with_enough_work()
-            with torch.no_grad(), torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags), allow_tf32=None), _quiet_autotuning(), per_device, \
-                    _state_not_folded(), kernel_choice.recorded(target.device, locked, retune) as recording:
+            per_device = (
+                _cuda_codegen(Path(tmp)) if devices.device(target.device).gpu else _parallel_only_with_enough_work()
+            )
+            with (
+                torch.no_grad(),
+                torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags), allow_tf32=None),
+                _quiet_autotuning(),
+                per_device,
+                _state_not_folded(),
+                kernel_choice.recorded(target.device, locked, retune) as recording,
+            ):
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
                 )
@@ -166,7 +222,9 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
             refused = _cause(exc, user_triton.UserKernelError)
             if refused:
                 raise UserError(str(refused)) from None
-            raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}") from exc
+            raise UserError(
+                f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}"
+            ) from exc
         files, ptx = _extract(package)
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
     for k, text in enumerate(kernels):
@@ -187,16 +245,32 @@ def generate(traced: TraceResult, target: Target, flags: Flags, cxx: str, out_di
     if called:
         proxy_executor.extern_nodes(extern)  # refuses here what the binding could not call
         (staging / "extern_nodes.json").write_bytes(files[".wrapper.json"])
-    ptx_names, triton_names = _write_cuda_kernels(model, ptx, staging) if devices.device(target.device).gpu else ([], [])
+    ptx_names, triton_names = (
+        _write_cuda_kernels(model, ptx, staging) if devices.device(target.device).gpu else ([], [])
+    )
     defines, args = compile_flags(json.loads(files[".wrapper_compile_flags.json"]), target)
     replace_dir(staging, out_dir)
     return CodegenResult(
-        key=key, interface=out_dir / "interface.cpp", model=out_dir / "model.cpp", kernels=tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
-        weights=out_dir / "weights.o", ptx=tuple(out_dir / name for name in ptx_names), triton=tuple(out_dir / "triton" / name for name in triton_names),
-        defines=tuple(defines), inductor_args=tuple(args), out_nodes=traced.out_nodes, num_outputs=traced.num_outputs, kernel_choices=kernel_choice.merged(recording.choices),
-        extern_nodes=out_dir / "extern_nodes.json" if called else None, run_time_modules=custom_ops.run_time_modules(called, ops), autotune_timings=recording.timings,
-        constants=out_dir / "constants.json", weights_file=out_dir / "weights.safetensors" if flags.weights == "file" else None, weights_digest=traced.weights,
-        unused_weights=tuple(weights.unused_weights(constants, program_weights)), state=traced.state,
+        key=key,
+        interface=out_dir / "interface.cpp",
+        model=out_dir / "model.cpp",
+        kernels=tuple(out_dir / f"kernels_{k}.cpp" for k in range(len(kernels))),
+        weights=out_dir / "weights.o",
+        ptx=tuple(out_dir / name for name in ptx_names),
+        triton=tuple(out_dir / "triton" / name for name in triton_names),
+        defines=tuple(defines),
+        inductor_args=tuple(args),
+        out_nodes=traced.out_nodes,
+        num_outputs=traced.num_outputs,
+        kernel_choices=kernel_choice.merged(recording.choices),
+        extern_nodes=out_dir / "extern_nodes.json" if called else None,
+        run_time_modules=custom_ops.run_time_modules(called, ops),
+        autotune_timings=recording.timings,
+        constants=out_dir / "constants.json",
+        weights_file=out_dir / "weights.safetensors" if flags.weights == "file" else None,
+        weights_digest=traced.weights,
+        unused_weights=tuple(weights.unused_weights(constants, program_weights)),
+        state=traced.state,
     )
 
 
@@ -238,7 +312,9 @@ def _private_inductor_cache(tmp: Path) -> Iterator[None]:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     triton_cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(cache_dir(), "triton", "0")
-    with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}):
+    with mock.patch.dict(
+        os.environ, {"TRITON_CACHE_DIR": triton_cache, "TORCHINDUCTOR_CACHE_DIR": str(tmp / "inductor")}
+    ):
         yield
 
 
@@ -262,7 +338,8 @@ def _state_not_folded() -> Iterator[None]:
 
 @contextmanager
 def _parallel_only_with_enough_work() -> Iterator[None]:
-    """With cpp.dynamic_threads, Inductor gives every CPU kernel an OpenMP region, however little work it has, and leaves
+    """With cpp.dynamic_threads, Inductor gives every CPU kernel an OpenMP region, however little work it has, and
+    leaves
     the rest to the OpenMP runtime; libgomp then wakes a team for a 64-element copy (3 us instead of 1 per call of a
     tiny graph at 2 threads, milliseconds on a busy machine). Inductor's own rule decides instead: a loop runs in
     parallel where its work at the traced sizes is enough for the threads, as without dynamic threads; the regions
@@ -284,7 +361,9 @@ def _parallel_only_with_enough_work() -> Iterator[None]:
 def _quiet_autotuning() -> Iterator[None]:
     """Autotuning logs a traceback for every candidate kernel that fails to compile or run (too much
     shared memory, say) and then drops it; the build is fine, so users need not see them."""
-    loggers = [logging.getLogger(name) for name in ("torch._inductor.select_algorithm", "torch._inductor.autotune_process")]
+    loggers = [
+        logging.getLogger(name) for name in ("torch._inductor.select_algorithm", "torch._inductor.autotune_process")
+    ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
@@ -303,7 +382,13 @@ def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
         for name in zf.namelist():
             if name.endswith(".ptx"):
                 ptx[Path(name).stem] = zf.read(name)
-            for suffix in (".wrapper.cpp", ".wrapper_compile_flags.json", ".weights.o", ".wrapper.json", ".wrapper_weights.blob"):
+            for suffix in (
+                ".wrapper.cpp",
+                ".wrapper_compile_flags.json",
+                ".weights.o",
+                ".wrapper.json",
+                ".wrapper_weights.blob",
+            ):
                 if name.endswith(suffix):
                     if suffix in found:
                         raise UserError(f"Inductor produced more than one {suffix} ({name}); unsupported graph")
@@ -318,11 +403,14 @@ def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
     """(interface, model, kernel files): the kernels dealt into at most `parts` files of similar size."""
     # Drop Inductor's trailing "// g++ ..." notes: they hold build-machine temp paths.
     text = re.sub(r"\n// (Compile cmd|Link cmd|\S*(g\+\+|c\+\+|clang\+\+) )[^\n]*", "", text).rstrip() + "\n"
-    # Inductor's messages hold Python reprs with the object's address (`<function fn at 0x7f...>`), new in every process.
+    # Inductor's messages hold Python reprs with the object's address (`<function fn at 0x7f...>`), new in every
+    # process.
     text = re.sub(r" at 0x[0-9a-f]+>", ">", text)
     end = text.find(INTERFACE_END)
     if end < 0:
-        raise compat.changed("Inductor's wrapper.cpp changed (no runtime interface block ending in '} // extern \"C\"')")
+        raise compat.changed(
+            "Inductor's wrapper.cpp changed (no runtime interface block ending in '} // extern \"C\"')"
+        )
     end += len(INTERFACE_END)
     interface, rest = text[:end], text[end:]
     includes = "".join(line + "\n" for line in interface.splitlines() if line.startswith("#include"))
@@ -339,13 +427,17 @@ def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
 
 def compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str], list[str]]:
     """(defines, compile args) of Inductor's code from its compile-flags JSON, for the spec's target."""
-    defines = [d.strip() for d in flags_json["definitions"] if d.strip() and d.strip() != "TORCH_INDUCTOR_PRECOMPILE_HEADERS"]
+    defines = [
+        d.strip() for d in flags_json["definitions"] if d.strip() and d.strip() != "TORCH_INDUCTOR_PRECOMPILE_HEADERS"
+    ]
     # Inductor's math flags decide numerics (e.g. -ffp-contract=off); keep them, drop opt/debug/warning/ISA choices.
     drop = re.compile(r"^(O\d|Os|g\d?|march=.*|std=.*|W.*|pedantic|fPIC|shared|fopenmp|DNDEBUG)$")
     args = [f"-{c}" for c in flags_json["cflags"] if not drop.match(c)]
     if devices.device(target.device).gpu:
         # The host side of a CUDA graph is glue code: baseline x86-64, portable like the fatbins.
-        args += [f"-I{d}" for d in flags_json["include_dirs"] if "torch/include" not in d and "python" not in d]  # CUDA's headers
+        args += [
+            f"-I{d}" for d in flags_json["include_dirs"] if "torch/include" not in d and "python" not in d
+        ]  # CUDA's headers
         return [d for d in defines if not d.startswith("CPU_CAPABILITY")], args
     if target.isa == "native":
         args.append("-march=native")

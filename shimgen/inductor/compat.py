@@ -47,10 +47,12 @@ def _resolve(module: str, path: str) -> Any:
     return found
 
 
-def _attribute(module: str, path: str, params: tuple[str, ...] | None = None, exact: bool = False,
-               static: bool = False) -> Callable[[], str | None]:
+def _attribute(
+    module: str, path: str, params: tuple[str, ...] | None = None, exact: bool = False, static: bool = False
+) -> Callable[[], str | None]:
     """A probe that `module.path` exists; with `params`, that its signature starts with those parameters (is exactly
     them with `exact`: shimgen's replacement takes no others); with `static`, that it is a staticmethod."""
+
     def probe() -> str | None:
         try:
             found = _resolve(module, path)
@@ -66,7 +68,9 @@ def _attribute(module: str, path: str, params: tuple[str, ...] | None = None, ex
             except (TypeError, ValueError):
                 return f"{path} has no inspectable signature"
             if (have != params) if exact else (have[: len(params)] != params):
-                return f"{path} takes ({', '.join(have)}), shimgen expects ({', '.join(params)}{'' if exact else ', ...'})"
+                return (
+                    f"{path} takes ({', '.join(have)}), shimgen expects ({', '.join(params)}{'' if exact else ', ...'})"
+                )
         return None
 
     return probe
@@ -75,6 +79,7 @@ def _attribute(module: str, path: str, params: tuple[str, ...] | None = None, ex
 def _source_holds(module: str, path: str, *texts: str) -> Callable[[], str | None]:
     """A probe that the source (or string value) of `module.path` holds each of `texts`: text Inductor generates
     from it that shimgen edits or reads."""
+
     def probe() -> str | None:
         try:
             found = _resolve(module, path)
@@ -118,12 +123,19 @@ def _serialized_names() -> str | None:
     from torch._export.serde import serialize
 
     try:
-        ok = (serialize._SERIALIZE_TO_TORCH_DTYPE[serialize.ScalarType.FLOAT] == torch.float32
-              and serialize._SERIALIZE_TO_TORCH_LAYOUT[serialize.Layout.Strided] == torch.strided
-              and serialize._SERIALIZE_TO_TORCH_MEMORY_FORMAT[serialize.MemoryFormat.ContiguousFormat] == torch.contiguous_format)
+        ok = (
+            serialize._SERIALIZE_TO_TORCH_DTYPE[serialize.ScalarType.FLOAT] == torch.float32
+            and serialize._SERIALIZE_TO_TORCH_LAYOUT[serialize.Layout.Strided] == torch.strided
+            and serialize._SERIALIZE_TO_TORCH_MEMORY_FORMAT[serialize.MemoryFormat.ContiguousFormat]
+            == torch.contiguous_format
+        )
     except (AttributeError, KeyError):
         ok = False
-    return None if ok else "torch._export.serde.serialize's _SERIALIZE_TO_TORCH_{DTYPE,LAYOUT,MEMORY_FORMAT} tables changed"
+    return (
+        None
+        if ok
+        else "torch._export.serde.serialize's _SERIALIZE_TO_TORCH_{DTYPE,LAYOUT,MEMORY_FORMAT} tables changed"
+    )
 
 
 def _escapes_backslashes() -> str | None:
@@ -143,65 +155,160 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("torch.utils._pytree", TRACE, _attribute("torch.utils._pytree", "tree_leaves")),
     Requirement("torch.utils._pytree's node registry", TRACE, _attribute("torch.utils._pytree", "SUPPORTED_NODES")),
     Requirement("torch.utils._pytree._get_node_type", TRACE, _attribute("torch.utils._pytree", "_get_node_type")),
-    Requirement("torch.utils._pytree.NodeDef", TRACE,
-                _attribute("torch.utils._pytree", "NodeDef", ("type", "flatten_fn", "unflatten_fn", "flatten_with_keys_fn"))),
+    Requirement(
+        "torch.utils._pytree.NodeDef",
+        TRACE,
+        _attribute("torch.utils._pytree", "NodeDef", ("type", "flatten_fn", "unflatten_fn", "flatten_with_keys_fn")),
+    ),
     Requirement("torch.utils._pytree's key entries", TRACE, _attribute("torch.utils._pytree", "GetAttrKey", ("name",))),
     Requirement("torch.utils._pytree.MappingKey", TRACE, _attribute("torch.utils._pytree", "MappingKey", ("key",))),
-    Requirement("torch.fx's backed_size_oblivious config", TRACE, _attribute("torch.fx.experimental._config", "backed_size_oblivious")),
+    Requirement(
+        "torch.fx's backed_size_oblivious config",
+        TRACE,
+        _attribute("torch.fx.experimental._config", "backed_size_oblivious"),
+    ),
     Requirement("torch.fx.experimental._config.patch", TRACE, _attribute("torch.fx.experimental._config", "patch")),
-    Requirement("torch._export's serializer", TRACE, _attribute("torch._export.serde.serialize", "serialize", ("exported_program",))),
-    Requirement("torch._export's SerializedArtifact", TRACE,
-                _attribute("torch._export.serde.serialize", "SerializedArtifact", ("exported_program",))),
+    Requirement(
+        "torch._export's serializer",
+        TRACE,
+        _attribute("torch._export.serde.serialize", "serialize", ("exported_program",)),
+    ),
+    Requirement(
+        "torch._export's SerializedArtifact",
+        TRACE,
+        _attribute("torch._export.serde.serialize", "SerializedArtifact", ("exported_program",)),
+    ),
     Requirement("torch._C._get_schema", TRACE, _attribute("torch._C", "_get_schema")),
     Requirement("torch._C._jit_get_all_schemas", TRACE, _attribute("torch._C", "_jit_get_all_schemas")),
-    Requirement("torch._C._dispatch_has_kernel_for_dispatch_key", TRACE, _attribute("torch._C", "_dispatch_has_kernel_for_dispatch_key")),
+    Requirement(
+        "torch._C._dispatch_has_kernel_for_dispatch_key",
+        TRACE,
+        _attribute("torch._C", "_dispatch_has_kernel_for_dispatch_key"),
+    ),
     Requirement("torch._library.custom_ops.OPDEFS", TRACE, _attribute("torch._library.custom_ops", "OPDEFS")),
-    Requirement("torch._library's CustomOpDef._init_fn", TRACE, _source_holds("torch._library.custom_ops", "CustomOpDef.__init__", "self._init_fn")),
+    Requirement(
+        "torch._library's CustomOpDef._init_fn",
+        TRACE,
+        _source_holds("torch._library.custom_ops", "CustomOpDef.__init__", "self._init_fn"),
+    ),
     Requirement("OpOverload._schema", TRACE, _schema_marks_writes),
-    # codegen.py; compile_fx first: Inductor's modules import each other, and only in its order (cpp_gemm_template alone fails).
+    # codegen.py; compile_fx first: Inductor's modules import each other, and only in its order (cpp_gemm_template alone
+    # fails).
     Requirement("Inductor's compile_fx", CODEGEN, _attribute(f"{_INDUCTOR}.compile_fx", "compile_fx")),
-    Requirement("torch._inductor.aoti_compile_and_package", CODEGEN, _attribute(_INDUCTOR, "aoti_compile_and_package", ("exported_program",))),
+    Requirement(
+        "torch._inductor.aoti_compile_and_package",
+        CODEGEN,
+        _attribute(_INDUCTOR, "aoti_compile_and_package", ("exported_program",)),
+    ),
     Requirement("Inductor's config", CODEGEN, _config_keys),
     Requirement("Inductor's cache_dir", CODEGEN, _attribute(f"{_INDUCTOR}.runtime.cache_dir_utils", "cache_dir", ())),
-    Requirement("Inductor's ConstantFolder.run_node", CODEGEN,
-                _attribute(f"{_INDUCTOR}.constant_folding", "ConstantFolder.run_node", ("self", "node"), exact=True)),
-    Requirement("Inductor's ConstantFolder.unknown_value", CODEGEN,
-                _source_holds(f"{_INDUCTOR}.constant_folding", "ConstantFolder.__init__", "self.unknown_value")),
-    Requirement("Inductor's CppKernel.decide_parallel_depth", CODEGEN,
-                _attribute(f"{_INDUCTOR}.codegen.cpp", "CppKernel.decide_parallel_depth", ("self", "max_parallel_depth", "threads"), exact=True)),
+    Requirement(
+        "Inductor's ConstantFolder.run_node",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.constant_folding", "ConstantFolder.run_node", ("self", "node"), exact=True),
+    ),
+    Requirement(
+        "Inductor's ConstantFolder.unknown_value",
+        CODEGEN,
+        _source_holds(f"{_INDUCTOR}.constant_folding", "ConstantFolder.__init__", "self.unknown_value"),
+    ),
+    Requirement(
+        "Inductor's CppKernel.decide_parallel_depth",
+        CODEGEN,
+        _attribute(
+            f"{_INDUCTOR}.codegen.cpp",
+            "CppKernel.decide_parallel_depth",
+            ("self", "max_parallel_depth", "threads"),
+            exact=True,
+        ),
+    ),
     Requirement("Inductor's autotuning loggers", CODEGEN, _attribute(f"{_INDUCTOR}.autotune_process", "")),
-    Requirement("Inductor's C++ kernels (their include of cpp_prefix.h)", CODEGEN,
-                _source_holds(f"{_INDUCTOR}.codegen.cpp_template", "", "#include <torch/csrc/inductor/cpp_prefix.h>")),
+    Requirement(
+        "Inductor's C++ kernels (their include of cpp_prefix.h)",
+        CODEGEN,
+        _source_holds(f"{_INDUCTOR}.codegen.cpp_template", "", "#include <torch/csrc/inductor/cpp_prefix.h>"),
+    ),
     # kernel_choice.py
-    Requirement("Inductor's AlgorithmSelectorCache.log_results", CODEGEN,
-                _attribute(f"{_INDUCTOR}.select_algorithm", "AlgorithmSelectorCache.log_results", ("name", "input_nodes", "timings"), static=True)),
-    Requirement("Inductor's ChoiceCaller.hash_key (the lockfile's key of a candidate)", CODEGEN,
-                _attribute(f"{_INDUCTOR}.ir", "ChoiceCaller.hash_key", ("self",), exact=True)),
-    Requirement("Inductor's ExternKernelCaller", CODEGEN, _attribute(f"{_INDUCTOR}.select_algorithm", "ExternKernelCaller")),
-    Requirement("Inductor's PersistentCache.lookup", CODEGEN,
-                _attribute(f"{_INDUCTOR}.codecache", "PersistentCache.lookup", ("self", "choices", "op", "inputs", "benchmark", "hint_override"),
-                           exact=True)),
-    Requirement("Inductor's CacheBase.get_local_cache_path", CODEGEN,
-                _attribute(f"{_INDUCTOR}.codecache", "CacheBase.get_local_cache_path", (), exact=True, static=True)),
+    Requirement(
+        "Inductor's AlgorithmSelectorCache.log_results",
+        CODEGEN,
+        _attribute(
+            f"{_INDUCTOR}.select_algorithm",
+            "AlgorithmSelectorCache.log_results",
+            ("name", "input_nodes", "timings"),
+            static=True,
+        ),
+    ),
+    Requirement(
+        "Inductor's ChoiceCaller.hash_key (the lockfile's key of a candidate)",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.ir", "ChoiceCaller.hash_key", ("self",), exact=True),
+    ),
+    Requirement(
+        "Inductor's ExternKernelCaller", CODEGEN, _attribute(f"{_INDUCTOR}.select_algorithm", "ExternKernelCaller")
+    ),
+    Requirement(
+        "Inductor's PersistentCache.lookup",
+        CODEGEN,
+        _attribute(
+            f"{_INDUCTOR}.codecache",
+            "PersistentCache.lookup",
+            ("self", "choices", "op", "inputs", "benchmark", "hint_override"),
+            exact=True,
+        ),
+    ),
+    Requirement(
+        "Inductor's CacheBase.get_local_cache_path",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.codecache", "CacheBase.get_local_cache_path", (), exact=True, static=True),
+    ),
     Requirement("Inductor's V.graph", CODEGEN, _attribute(f"{_INDUCTOR}.virtualized", "V.graph")),
-    Requirement("Inductor's SizeVarAllocator.optimization_hints", CODEGEN,
-                _attribute(f"{_INDUCTOR}.sizevars", "SizeVarAllocator.optimization_hints", ("self", "exprs"))),
+    Requirement(
+        "Inductor's SizeVarAllocator.optimization_hints",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.sizevars", "SizeVarAllocator.optimization_hints", ("self", "exprs")),
+    ),
     # user_triton.py
-    Requirement("Inductor's user_defined_triton_kernel_transitive_closure_source_code", CODEGEN,
-                _attribute(f"{_INDUCTOR}.codegen.wrapper", "user_defined_triton_kernel_transitive_closure_source_code", ("kernel",))),
-    Requirement("Inductor's PythonWrapperCodegen.define_user_defined_triton_kernel", CODEGEN,
-                _attribute(f"{_INDUCTOR}.codegen.wrapper", "PythonWrapperCodegen.define_user_defined_triton_kernel", ("self", "kernel"))),
-    Requirement("torch's TracingTritonHOPifier.call_HOP", CODEGEN,
-                _attribute("torch._higher_order_ops.triton_kernel_wrap", "TracingTritonHOPifier.call_HOP",
-                           ("self", "variable", "grids", "combined_args"))),
+    Requirement(
+        "Inductor's user_defined_triton_kernel_transitive_closure_source_code",
+        CODEGEN,
+        _attribute(
+            f"{_INDUCTOR}.codegen.wrapper", "user_defined_triton_kernel_transitive_closure_source_code", ("kernel",)
+        ),
+    ),
+    Requirement(
+        "Inductor's PythonWrapperCodegen.define_user_defined_triton_kernel",
+        CODEGEN,
+        _attribute(
+            f"{_INDUCTOR}.codegen.wrapper", "PythonWrapperCodegen.define_user_defined_triton_kernel", ("self", "kernel")
+        ),
+    ),
+    Requirement(
+        "torch's TracingTritonHOPifier.call_HOP",
+        CODEGEN,
+        _attribute(
+            "torch._higher_order_ops.triton_kernel_wrap",
+            "TracingTritonHOPifier.call_HOP",
+            ("self", "variable", "grids", "combined_args"),
+        ),
+    ),
     Requirement("Inductor's embedding of user Triton kernel sources", CODEGEN, _escapes_backslashes),
     # proxy_executor.py
     Requirement("torch._export's serialized dtype, layout and memory format names", CODEGEN, _serialized_names),
     # openmp.py: the C++ GEMM template's text that gemm_threads_from_caller edits.
-    Requirement("Inductor's C++ GEMM template", CODEGEN, _source_holds(
-        f"{_INDUCTOR}.codegen.cpp_gemm_template", "", "constexpr int64_t num_threads = {{num_threads}};",
-        "mm_get_thread_blocking(num_threads,", "for (int64_t tid = 0; tid < {{num_threads}}; tid++)",
-        "Kt_blocks * {{num_threads}} >=", "#pragma omp parallel\n")),
+    Requirement(
+        "Inductor's C++ GEMM template",
+        CODEGEN,
+        _source_holds(
+            f"{_INDUCTOR}.codegen.cpp_gemm_template",
+            "",
+            "constexpr int64_t num_threads = {{num_threads}};",
+            "mm_get_thread_blocking(num_threads,",
+            "for (int64_t tid = 0; tid < {{num_threads}}; tid++)",
+            "Kt_blocks * {{num_threads}} >=",
+            "#pragma omp parallel\n",
+        ),
+    ),
 )
 
 _checked: set[str] = set()

@@ -1,4 +1,5 @@
-"""Inductor's generated code as `shimgen report` describes it: the kernels of a unit's C++ files, the library calls of its
+"""Inductor's generated code as `shimgen report` describes it: the kernels of a unit's C++ files, the library calls of
+its
 model, and the ops it leaves to the proxy executor (from Inductor's wrapper.json, kept as extern_nodes.json)."""
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from shimgen.results import CodegenResult
 # An Inductor C++ kernel: an extern "C" function defined in a kernels_<k>.cpp file.
 _CPP_KERNEL = re.compile(r'extern\s+"C"\s+[^;{}()]*?\b(\w+)\s*\([^;{}]*?\)\s*\{')
 # Library kernels the model calls: AOTInductor's per-device shims of ATen ops, the few device-less ones, ATen itself.
-_SHIM_CALL = re.compile(r"\b(aoti_torch_(?:cpu|cuda|xpu|mps)_\w+|aoti_torch_(?:_mm_plus_mm_out|index_put_out|scatter_out|"
-                        r"scatter_reduce_out|call_dispatcher))\s*\(")
+_SHIM_CALL = re.compile(
+    r"\b(aoti_torch_(?:cpu|cuda|xpu|mps)_\w+|aoti_torch_(?:_mm_plus_mm_out|index_put_out|scatter_out|"
+    r"scatter_reduce_out|call_dispatcher))\s*\("
+)
 _ATEN_CALL = re.compile(r"\b(at::(?:\w+::)*\w+)\s*\(")
 _NOT_KERNELS = re.compile(r"caching_allocator|guard|stream")  # device shims that manage memory or streams
 _STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
@@ -40,14 +43,26 @@ def _cpp_kernels(path: Path, model_calls: str) -> list[dict[str, Any]]:
     for i, m in enumerate(matches):
         name = m[1]
         body = text[m.start() : matches[i + 1].start() if i + 1 < len(matches) else len(text)]
-        kernels.append({"name": name, "kind": _cpp_kind(name, body, text), "source": str(path), "line": _line(text, m.start(1)),
-                        "calls": len(re.findall(rf"\b{name}\s*\(", model_calls))})
+        kernels.append(
+            {
+                "name": name,
+                "kind": _cpp_kind(name, body, text),
+                "source": str(path),
+                "line": _line(text, m.start(1)),
+                "calls": len(re.findall(rf"\b{name}\s*\(", model_calls)),
+            }
+        )
     return kernels
 
 
 def _cpp_kind(name: str, body: str, text: str) -> str:
     # The GEMM template's micro-kernel helpers come before its extern "C" function and carry its name.
-    if name.endswith("_template") or f"{name}_micro_gemm" in text or "micro_gemm" in body or "mm_get_thread_blocking" in body:
+    if (
+        name.endswith("_template")
+        or f"{name}_micro_gemm" in text
+        or "micro_gemm" in body
+        or "mm_get_thread_blocking" in body
+    ):
         return "Inductor C++ GEMM template"
     return "Inductor C++ (fused reduction)" if "tmp_acc" in body else "Inductor C++ (fused pointwise)"
 
@@ -65,8 +80,16 @@ def _library_calls(model: Path, calls: str) -> list[dict[str, Any]]:
         if not _NOT_KERNELS.search(m[1]):
             counts[m[1]] += 1
             first[m[1]] = min(first.get(m[1], m.start(1)), m.start(1))
-    return [{"name": name, "kind": f"library ({_library(name)})", "source": str(model), "line": _line(calls, first[name]),
-             "calls": counts[name]} for name in sorted(counts, key=lambda n: first[n])]
+    return [
+        {
+            "name": name,
+            "kind": f"library ({_library(name)})",
+            "source": str(model),
+            "line": _line(calls, first[name]),
+            "calls": counts[name],
+        }
+        for name in sorted(counts, key=lambda n: first[n])
+    ]
 
 
 def _library(function: str) -> str:
@@ -93,8 +116,16 @@ def _custom_ops(code: CodegenResult, calls: str) -> list[dict[str, Any]]:
     nodes = json.loads(code.extern_nodes.read_text()).get("nodes", [])
     counts = Counter(str(n["node"]["target"]) for n in nodes)
     at = calls.find(_PROXY_CALL)
-    return [{"name": op, "kind": "custom op (proxy executor)", "source": str(code.model), "line": _line(calls, at) if at >= 0 else None,
-             "calls": count} for op, count in sorted(counts.items())]
+    return [
+        {
+            "name": op,
+            "kind": "custom op (proxy executor)",
+            "source": str(code.model),
+            "line": _line(calls, at) if at >= 0 else None,
+            "calls": count,
+        }
+        for op, count in sorted(counts.items())
+    ]
 
 
 def _line(text: str, offset: int) -> int:

@@ -44,7 +44,9 @@ def kind(choice_name: str, extern: bool) -> str:
 @dataclass
 class Recording:
     choices: list[KernelChoice] = field(default_factory=list)
-    timings: Timings = field(default_factory=dict)  # every timing record Inductor's selections used, in the lockfile's shape
+    timings: Timings = field(
+        default_factory=dict
+    )  # every timing record Inductor's selections used, in the lockfile's shape
 
 
 @contextmanager
@@ -60,7 +62,9 @@ def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
     choices = recording.choices
     measure = PersistentCache.lookup
 
-    def lookup(self: Any, candidates: list[Any], op: str, inputs: str, benchmark: Any, hint_override: int | None = None) -> dict[Any, float]:
+    def lookup(
+        self: Any, candidates: list[Any], op: str, inputs: str, benchmark: Any, hint_override: int | None = None
+    ) -> dict[Any, float]:
         key = f"{inputs}_{hint_override}" if hint_override is not None else inputs
         benchmark = _keeping_input_layouts(benchmark, candidates)
         precision = torch.get_float32_matmul_precision()
@@ -81,13 +85,19 @@ def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
 
     threads = torch.get_num_threads()
     with ExitStack() as stack:
-        stack.enter_context(config.patch({"trace.log_autotuning_results": True}))  # makes Inductor report cached selections too
-        stack.enter_context(mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results)))
+        stack.enter_context(
+            config.patch({"trace.log_autotuning_results": True})
+        )  # makes Inductor report cached selections too
+        stack.enter_context(
+            mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results))
+        )
         stack.enter_context(mock.patch.object(PersistentCache, "lookup", lookup))
         if not devices.device(device).gpu:
             cache = CacheBase.get_local_cache_path()
             one_thread_cache = cache.with_name(f"{cache.name}-shimgen-cpu-one-thread")
-            stack.enter_context(mock.patch.object(CacheBase, "get_local_cache_path", staticmethod(lambda: one_thread_cache)))
+            stack.enter_context(
+                mock.patch.object(CacheBase, "get_local_cache_path", staticmethod(lambda: one_thread_cache))
+            )
             torch.set_num_threads(1)
             stack.callback(torch.set_num_threads, threads)
         yield recording
@@ -98,7 +108,8 @@ def _keeping_input_layouts(benchmark: Any, candidates: list[Any]) -> Any:
 
     Timing the C++ GEMM template runs its preprocessor on the example tensors, and for a weight input whose size has a
     symbol (a bmm's mat2 with the dynamic batch) that preprocessor writes the traced sizes into the list that is the
-    input node's own layout (CppGemmTemplate.add_choices' normalize_shapes: `view_size[:] = guarding_hints_or_throw(...)`,
+    input node's own layout (CppGemmTemplate.add_choices' normalize_shapes: `view_size[:] =
+    guarding_hints_or_throw(...)`,
     `view_size` being `W.layout.size`). Every candidate shares that node, so whichever wins, the code generated
     afterwards reads the batch as its traced value: ATen's bmm is called with mat2 viewed as 128 matrices at any batch
     ("Expected size for first two dimensions of batch2 tensor to be: [64, 32] but got: [128, 32]"). A selection
@@ -111,8 +122,11 @@ def _keeping_input_layouts(benchmark: Any, candidates: list[Any]) -> Any:
             layout = node.get_layout()
         except Exception:  # a node without a layout of its own (NoneAsConstantBuffer, a multi-output's parent)
             continue
-        layouts += [(layout, attr, list(getattr(layout, attr))) for attr in ("size", "stride")
-                    if isinstance(getattr(layout, attr, None), list)]
+        layouts += [
+            (layout, attr, list(getattr(layout, attr)))
+            for attr in ("size", "stride")
+            if isinstance(getattr(layout, attr, None), list)
+        ]
 
     def measure(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -140,7 +154,10 @@ def _choice(op: str, sizes: list[str], timings: dict[Any, float]) -> KernelChoic
 
     best = min(timings, key=timings.__getitem__)
     # Template candidates are numbered per selection (cpp_..._3); the number says nothing to a reader.
-    us = {label(c).rstrip("0123456789").rstrip("_"): round(t * 1000, 3) for c, t in sorted(timings.items(), key=lambda kv: kv[1])}
+    us = {
+        label(c).rstrip("0123456789").rstrip("_"): round(t * 1000, 3)
+        for c, t in sorted(timings.items(), key=lambda kv: kv[1])
+    }
     return KernelChoice(op=op, sizes=tuple(sizes), picked=label(best).rstrip("0123456789").rstrip("_"), us=us)
 
 
@@ -150,5 +167,9 @@ def merged(choices: list[KernelChoice]) -> tuple[KernelChoice, ...]:
     for c in choices:
         key = (c.op, c.sizes, c.picked)
         seen = counts.get(key)
-        counts[key] = c if seen is None else KernelChoice(op=c.op, sizes=c.sizes, picked=c.picked, us=seen.us, count=seen.count + 1)
+        counts[key] = (
+            c
+            if seen is None
+            else KernelChoice(op=c.op, sizes=c.sizes, picked=c.picked, us=seen.us, count=seen.count + 1)
+        )
     return tuple(counts.values())

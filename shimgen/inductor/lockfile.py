@@ -18,8 +18,10 @@ from shimgen.files import exclusive, write_if_changed
 from shimgen.results import KernelChoice, to_json
 
 FORMAT = 1
-HEADER = ("Kernel choices shimgen measured at build time, replayed by later builds on any machine. Commit this file; "
-          "`shimgen build --retune` measures again and rewrites it.")
+HEADER = (
+    "Kernel choices shimgen measured at build time, replayed by later builds on any machine. Commit this file; "
+    "`shimgen build --retune` measures again and rewrites it."
+)
 
 Timings = dict[str, Any]  # op -> inputs key -> precision -> choice hash -> milliseconds
 
@@ -43,7 +45,9 @@ def read(path: Path) -> dict[str, Timings]:
             raise ValueError(f"format {data.get('format')!r}")
         return {name: unit["timings"] for name, unit in units.items()}
     except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}: not a shimgen lockfile this version reads ({exc}); delete it or build with --retune") from None
+        raise UserError(
+            f"{path}: not a shimgen lockfile this version reads ({exc}); delete it or build with --retune"
+        ) from None
 
 
 def update(path: Path, sections: dict[str, tuple[Timings, tuple[KernelChoice, ...]]], keep: set[str]) -> bool:

@@ -54,8 +54,12 @@ def gemm_threads_from_caller(source: str) -> str:
         # team would leave some of the GEMM uncomputed.
         body = _replaced(body, f"tid < {count}; tid++)", "tid < num_threads; tid++)")
         body = _replaced(body, f"Kt_blocks * {count} >=", "Kt_blocks * num_threads >=")
-        body = _replaced(body, "mm_get_thread_blocking(num_threads,",
-                         f"if (M * N * K < {SERIAL_GEMM_WORK}) num_threads = 1;\n    mm_get_thread_blocking(num_threads,", 1)
+        body = _replaced(
+            body,
+            "mm_get_thread_blocking(num_threads,",
+            f"if (M * N * K < {SERIAL_GEMM_WORK}) num_threads = 1;\n    mm_get_thread_blocking(num_threads,",
+            1,
+        )
         body, regions = _BARE_REGION.subn(r"\1#pragma omp parallel if(num_threads > 1)\n", body)
         if not regions:
             raise _template_changed("#pragma omp parallel")
@@ -71,7 +75,9 @@ def _replaced(text: str, old: str, new: str, count: int = -1) -> str:
 
 
 def _template_changed(text: str) -> UserError:
-    return compat.changed(f"Inductor's C++ GEMM template changed (a GEMM whose blocking is computed at run time has no {text!r})")
+    return compat.changed(
+        f"Inductor's C++ GEMM template changed (a GEMM whose blocking is computed at run time has no {text!r})"
+    )
 
 
 def serial_fast_paths(source: str) -> str:
@@ -87,8 +93,11 @@ def serial_fast_paths(source: str) -> str:
         indent, team_if = region.group(1), region.group(2)
         serial = _TEAM_DIRECTIVE.sub("", source[region.end() : end])
         alone = "omp_get_max_threads() == 1" + (f" || !({team_if})" if team_if else "")
-        out += [source[pos : region.start()], f"{indent}if ({alone})\n{indent}{serial}\n",
-                f"{indent}else\n{indent}{{\n{source[region.start() : end]}\n{indent}}}"]
+        out += [
+            source[pos : region.start()],
+            f"{indent}if ({alone})\n{indent}{serial}\n",
+            f"{indent}else\n{indent}{{\n{source[region.start() : end]}\n{indent}}}",
+        ]
         pos = end
     return "".join(out) + source[pos:]
 

@@ -65,10 +65,22 @@ def _node(node: dict[str, Any]) -> ExternNode:
                 raise UserError(f"{target}: Inductor passes no value for '{argument.name}', which has no default")
             args[slot] = _literal(argument.default_value, argument.real_type, target, argument.name)
     if len(node["outputs"]) != len(schema.returns):
-        raise UserError(f"{target}: Inductor describes {len(node['outputs'])} outputs, the schema {len(schema.returns)}")
-    outputs = [flat.output(k, r.real_type, out) for k, (r, out) in enumerate(zip(schema.returns, node["outputs"], strict=True))]
-    return ExternNode(name, overload, str(schema), len(schema.arguments), tuple(sorted(args.items())),
-                      tuple(o for o in outputs if o), flat.ints, flat.tensors)
+        raise UserError(
+            f"{target}: Inductor describes {len(node['outputs'])} outputs, the schema {len(schema.returns)}"
+        )
+    outputs = [
+        flat.output(k, r.real_type, out) for k, (r, out) in enumerate(zip(schema.returns, node["outputs"], strict=True))
+    ]
+    return ExternNode(
+        name,
+        overload,
+        str(schema),
+        len(schema.arguments),
+        tuple(sorted(args.items())),
+        tuple(o for o in outputs if o),
+        flat.ints,
+        flat.tensors,
+    )
 
 
 class _Flat:
@@ -89,7 +101,7 @@ class _Flat:
 
     def argument(self, arg: dict[str, Any], name: str) -> Markup:
         """The IValue of one argument as Inductor serialized it: its kind says where the value is."""
-        (kind, value), = arg.items()
+        ((kind, value),) = arg.items()
         if kind == "as_none":
             return Markup("c10::IValue()")
         if kind == "as_tensor":
@@ -108,7 +120,7 @@ class _Flat:
         return _serialized_literal(kind, value, self.target, name)
 
     def output(self, index: builtins.int, schema_type: Any, out: dict[str, Any]) -> Markup:
-        (kind, value), = out.items()
+        ((kind, value),) = out.items()
         type_kind = schema_type.kind()
         if kind == "as_none" or type_kind == "NoneType":
             return Markup("")
@@ -120,10 +132,14 @@ class _Flat:
             return Markup(f"{self.tensor()} = std::move(stack[{index}]).toTensor();")
         if kind == "as_tensors":
             stores = " ".join(f"{self.tensor()} = list.get({k});" for k in range(len(value)))
-            return Markup(f"{{ auto list = std::move(stack[{index}]).toTensorList(); TORCH_CHECK(list.size() == {len(value)}, "
-                          f"{cpp(self.target)}, \" returned \", list.size(), \" tensors, traced with {len(value)}\"); {stores} }}")
+            return Markup(
+                f"{{ auto list = std::move(stack[{index}]).toTensorList(); TORCH_CHECK(list.size() == {len(value)}, "
+                f'{cpp(self.target)}, " returned ", list.size(), " tensors, traced with {len(value)}"); {stores} }}'
+            )
         if kind == "as_int" and type_kind == "IntType":
-            return Markup(f"TORCH_CHECK(stack[{index}].toInt() == {self.int()}, \"an int result differs from its traced value\");")
+            return Markup(
+                f'TORCH_CHECK(stack[{index}].toInt() == {self.int()}, "an int result differs from its traced value");'
+            )
         raise UserError(f"shimgen cannot call {self.target} yet: it returns {schema_type}")
 
 
@@ -146,7 +162,9 @@ def _serialized_literal(kind: str, value: Any, target: str, name: str) -> Markup
     if kind == "as_bools":
         return Markup("c10::IValue(std::vector<bool>{" + ", ".join("true" if v else "false" for v in value) + "})")
     if kind == "as_strings":
-        return Markup("c10::IValue(std::vector<std::string>{" + ", ".join(f"std::string({cpp(v)})" for v in value) + "})")
+        return Markup(
+            "c10::IValue(std::vector<std::string>{" + ", ".join(f"std::string({cpp(v)})" for v in value) + "})"
+        )
     if kind == "as_scalar_type":
         return _dtype(_SERIALIZE_TO_TORCH_DTYPE[value])
     if kind == "as_memory_format":
@@ -199,8 +217,12 @@ def _dtype(dtype: Any) -> Markup:
 
 
 def _memory_format(memory_format: Any) -> Markup:
-    names = {"torch.contiguous_format": "Contiguous", "torch.channels_last": "ChannelsLast", "torch.channels_last_3d": "ChannelsLast3d",
-             "torch.preserve_format": "Preserve"}
+    names = {
+        "torch.contiguous_format": "Contiguous",
+        "torch.channels_last": "ChannelsLast",
+        "torch.channels_last_3d": "ChannelsLast3d",
+        "torch.preserve_format": "Preserve",
+    }
     return Markup(f"c10::IValue(c10::MemoryFormat::{names[str(memory_format)]})")
 
 
@@ -210,8 +232,21 @@ def _layout(layout: Any) -> Markup:
 
 
 _SCALAR_TYPE = {
-    "torch.uint8": "Byte", "torch.int8": "Char", "torch.int16": "Short", "torch.int32": "Int", "torch.int64": "Long",
-    "torch.float16": "Half", "torch.float32": "Float", "torch.float64": "Double", "torch.complex64": "ComplexFloat",
-    "torch.complex128": "ComplexDouble", "torch.bool": "Bool", "torch.bfloat16": "BFloat16", "torch.uint16": "UInt16",
-    "torch.uint32": "UInt32", "torch.uint64": "UInt64", "torch.float8_e4m3fn": "Float8_e4m3fn", "torch.float8_e5m2": "Float8_e5m2",
+    "torch.uint8": "Byte",
+    "torch.int8": "Char",
+    "torch.int16": "Short",
+    "torch.int32": "Int",
+    "torch.int64": "Long",
+    "torch.float16": "Half",
+    "torch.float32": "Float",
+    "torch.float64": "Double",
+    "torch.complex64": "ComplexFloat",
+    "torch.complex128": "ComplexDouble",
+    "torch.bool": "Bool",
+    "torch.bfloat16": "BFloat16",
+    "torch.uint16": "UInt16",
+    "torch.uint32": "UInt32",
+    "torch.uint64": "UInt64",
+    "torch.float8_e4m3fn": "Float8_e4m3fn",
+    "torch.float8_e5m2": "Float8_e5m2",
 }

@@ -35,7 +35,9 @@ def guarded() -> Iterator[None]:
     source = "user_defined_triton_kernel_transitive_closure_source_code"
     hopifier = triton_kernel_wrap.TracingTritonHOPifier
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(wrapper, source, _embeddable(getattr(wrapper, source), doubles_backslashes(wrapper))))
+        stack.enter_context(
+            mock.patch.object(wrapper, source, _embeddable(getattr(wrapper, source), doubles_backslashes(wrapper)))
+        )
         stack.enter_context(mock.patch.object(hopifier, "call_HOP", _refusing_hidden_tensors(hopifier.call_HOP)))
         yield
 
@@ -44,14 +46,18 @@ def doubles_backslashes(wrapper: Any) -> bool:
     """Whether this torch escapes backslashes in user kernel sources itself (pytorch#183433, torch 2.13)."""
     if hasattr(wrapper, "_escape_triton_kernel_source_for_wrapper"):
         return True
-    return '.replace("\\\\", "\\\\\\\\")' in inspect.getsource(wrapper.PythonWrapperCodegen.define_user_defined_triton_kernel)
+    return '.replace("\\\\", "\\\\\\\\")' in inspect.getsource(
+        wrapper.PythonWrapperCodegen.define_user_defined_triton_kernel
+    )
 
 
 def _embeddable(original: Any, torch_doubles_backslashes: bool) -> Any:
     def source(kernel: Any, *args: Any, **kwargs: Any) -> str:
         text = without_docstrings_and_comments(original(kernel, *args, **kwargs))
         if "*/" in text:
-            raise UserKernelError(f"Triton kernel {kernel_name(kernel)}: its code holds '*/', which AOTInductor cannot embed in C++")
+            raise UserKernelError(
+                f"Triton kernel {kernel_name(kernel)}: its code holds '*/', which AOTInductor cannot embed in C++"
+            )
         return text if torch_doubles_backslashes else text.replace("\\", "\\\\")
 
     return source
@@ -66,7 +72,8 @@ def _refusing_hidden_tensors(original: Any) -> Any:
                 f"Triton kernel {kernel_name(variable.kernel)}: its argument{'s' if len(hidden) > 1 else ''} {', '.join(hidden)} "
                 "hold tensors the graph cannot see (host-side TensorDescriptor.from_tensor); this torch's AOTInductor compiles such a "
                 "kernel to wrong results (pytorch#155879). Pass the tensors and build the descriptors in the kernel "
-                "(tl.make_tensor_descriptor), or use flags.tma for Inductor's own TMA GEMMs")
+                "(tl.make_tensor_descriptor), or use flags.tma for Inductor's own TMA GEMMs"
+            )
         return original(self, variable, grids, combined_args, *args, **kwargs)
 
     return call_hop
@@ -109,9 +116,19 @@ def without_docstrings_and_comments(source: str) -> str:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 assert first.end_lineno is not None and first.end_col_offset is not None
-                spans.append((offset(first.lineno, first.col_offset, True), offset(first.end_lineno, first.end_col_offset, True), "pass"))
+                spans.append(
+                    (
+                        offset(first.lineno, first.col_offset, True),
+                        offset(first.end_lineno, first.end_col_offset, True),
+                        "pass",
+                    )
+                )
     spans += [(offset(*t.start), offset(*t.end), "") for t in tokens if t.type == tokenize.COMMENT]
     for begin, end, replacement in sorted(spans, reverse=True):
         source = source[:begin] + replacement + source[end:]

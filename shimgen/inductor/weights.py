@@ -32,9 +32,34 @@ WEIGHT_PREFIX = "model."  # of the program's weight names: trace makes the model
 FORMAT = "shimgen-weights-1"
 _INFO = re.compile(r"^\s*constants_info_\[(\d+)\]\.(\w+) = (.*);$", re.M)
 # safetensors' dtype names by torch's.
-SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
-                      "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
-ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+SAFETENSORS_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+ITEMSIZE = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -83,23 +108,36 @@ def parse_constants(model_cpp: str) -> list[Constant]:
     constants = []
     for index in sorted(fields):
         f = fields[index]
-        constants.append(Constant(
-            name=json.loads(f["name"]), fqn=json.loads(f.get("original_fqn", '""')),
-            dtype=f["dtype"].removeprefix("cached_torch_dtype_"), shape=_ints(f["shape"]), stride=_ints(f["stride"]),
-            offset=int(f.get("offset", "0")), data_size=int(f["data_size"]),
-            layout=re.sub(r".*cached_torch_layout_(\w+)\)?", r"\1", f.get("layout", "strided")),
-            from_folded=f.get("from_folded") == "true", kind=re.sub(r".*ConstantType::(\w+)\)?", r"\1", f.get("type", "Unknown")),
-        ))
+        constants.append(
+            Constant(
+                name=json.loads(f["name"]),
+                fqn=json.loads(f.get("original_fqn", '""')),
+                dtype=f["dtype"].removeprefix("cached_torch_dtype_"),
+                shape=_ints(f["shape"]),
+                stride=_ints(f["stride"]),
+                offset=int(f.get("offset", "0")),
+                data_size=int(f["data_size"]),
+                layout=re.sub(r".*cached_torch_layout_(\w+)\)?", r"\1", f.get("layout", "strided")),
+                from_folded=f.get("from_folded") == "true",
+                kind=re.sub(r".*ConstantType::(\w+)\)?", r"\1", f.get("type", "Unknown")),
+            )
+        )
     return constants
 
 
 def mark_plain(constants: list[Constant], program_weights: dict[str, Any]) -> list[Constant]:
     """The constants, each marked where it is one of `program_weights` (by name) with its dtype and shape, as a
     contiguous tensor: a weight Inductor computed nothing from."""
+
     def plain(c: Constant) -> bool:
         value = program_weights.get(c.fqn)
-        return (c.typed and value is not None and str(value.dtype).removeprefix("torch.") == c.dtype
-                and tuple(value.shape) == c.shape)
+        return (
+            c.typed
+            and value is not None
+            and str(value.dtype).removeprefix("torch.") == c.dtype
+            and tuple(value.shape) == c.shape
+        )
+
     return [dataclasses.replace(c, plain=plain(c)) for c in constants]
 
 
@@ -111,11 +149,13 @@ def write_from_blob(constants: list[Constant], blob: bytes, out: Path) -> None:
     """The safetensors file of the constants Inductor serialized into `blob`."""
     stored = [c for c in constants if not c.from_folded]
     if sum(c.data_size for c in stored) != len(blob):
-        raise compat.changed(f"Inductor's weights blob changed (it holds {len(blob)} bytes, its model's constants "
-                             f"{sum(c.data_size for c in stored)})")
+        raise compat.changed(
+            f"Inductor's weights blob changed (it holds {len(blob)} bytes, its model's constants "
+            f"{sum(c.data_size for c in stored)})"
+        )
     data, start = {}, 0
     for c in stored:
-        data[c.name] = blob[start:start + c.nbytes]
+        data[c.name] = blob[start : start + c.nbytes]
         start += c.data_size
     _write(stored, data, out)
 
@@ -142,11 +182,27 @@ def _write(stored: list[Constant], data: dict[str, bytes], out: Path) -> None:
     # By the weight's name, unless several constants come from one weight (Inductor's packed copies of it).
     uses = collections.Counter(c.weight for c in stored)
     entry = {c.name: c.weight if uses[c.weight] == 1 else c.name for c in stored}
-    entries = [_Entry(entry[c.name], SAFETENSORS_DTYPES[c.dtype] if c.typed else "U8", list(c.shape) if c.typed else [c.nbytes], data[c.name])
-               for c in stored]
-    metadata = {"format": FORMAT, "constants": json.dumps({entry[c.name]: c.name for c in stored}, sort_keys=True),
-                "raw": json.dumps({entry[c.name]: {"dtype": c.dtype, "shape": list(c.shape), "layout": c.layout} for c in stored if not c.typed},
-                                  sort_keys=True)}
+    entries = [
+        _Entry(
+            entry[c.name],
+            SAFETENSORS_DTYPES[c.dtype] if c.typed else "U8",
+            list(c.shape) if c.typed else [c.nbytes],
+            data[c.name],
+        )
+        for c in stored
+    ]
+    metadata = {
+        "format": FORMAT,
+        "constants": json.dumps({entry[c.name]: c.name for c in stored}, sort_keys=True),
+        "raw": json.dumps(
+            {
+                entry[c.name]: {"dtype": c.dtype, "shape": list(c.shape), "layout": c.layout}
+                for c in stored
+                if not c.typed
+            },
+            sort_keys=True,
+        ),
+    }
     write_if_changed(out, _encode(entries, metadata))
 
 
@@ -159,7 +215,8 @@ class _Entry:
 
 
 def _encode(entries: list[_Entry], metadata: dict[str, str]) -> bytes:
-    """A safetensors file: the data starts 64-byte aligned, entries of a size that is a multiple of 64 first, then the others
+    """A safetensors file: the data starts 64-byte aligned, entries of a size that is a multiple of 64 first, then the
+    others
     largest element first, with no holes."""
     aligned = [e for e in entries if len(e.data) % ALIGN == 0]
     rest = sorted((e for e in entries if len(e.data) % ALIGN), key=lambda e: -ITEMSIZE[e.dtype])
@@ -176,10 +233,13 @@ def _encode(entries: list[_Entry], metadata: dict[str, str]) -> bytes:
 
 def _decode(data: bytes) -> tuple[list[_Entry], dict[str, str]]:
     (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
+    header = json.loads(data[8 : 8 + length])
     start = 8 + length
-    entries = [_Entry(name, e["dtype"], e["shape"], data[start + e["data_offsets"][0]:start + e["data_offsets"][1]])
-               for name, e in header.items() if name != "__metadata__"]
+    entries = [
+        _Entry(name, e["dtype"], e["shape"], data[start + e["data_offsets"][0] : start + e["data_offsets"][1]])
+        for name, e in header.items()
+        if name != "__metadata__"
+    ]
     return sorted(entries, key=lambda e: header[e.name]["data_offsets"][0]), header.get("__metadata__", {})
 
 
@@ -204,7 +264,9 @@ def merged(dynamic: Path, variants: list[tuple[str, Path]]) -> bytes:
                 if e.name in own_raw:
                     raw[held[key]] = own_raw[e.name]
             to_entry[variant][constant_of[e.name]] = held[key]
-    return _encode(entries, {**metadata, "raw": json.dumps(raw, sort_keys=True), "variants": json.dumps(to_entry, sort_keys=True)})
+    return _encode(
+        entries, {**metadata, "raw": json.dumps(raw, sort_keys=True), "variants": json.dumps(to_entry, sort_keys=True)}
+    )
 
 
 def variant_bytes(path: Path, variant: str) -> int:
@@ -212,7 +274,9 @@ def variant_bytes(path: Path, variant: str) -> int:
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
-    return sum(e["data_offsets"][1] - e["data_offsets"][0] for name, e in header.items() if name.startswith(f"{variant}/"))
+    return sum(
+        e["data_offsets"][1] - e["data_offsets"][0] for name, e in header.items() if name.startswith(f"{variant}/")
+    )
 
 
 def tensor_bytes(tensor: Any) -> bytes:
@@ -225,9 +289,22 @@ def tensor_bytes(tensor: Any) -> bytes:
 def package_view(constants: list[Constant], state: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """What the package's load_weights checks, per constant the extension takes, in its order; weights by the names
     the model's own state dict gives them; `state`: the weights the model mutates (by the program's names)."""
-    return [{"name": c.name, "fqn": c.weight.removeprefix(WEIGHT_PREFIX), "kind": c.kind, "dtype": c.dtype, "shape": list(c.shape),
-             "layout": c.layout, "typed": c.typed, "plain": c.plain, "nbytes": c.nbytes, "state": c.fqn in state}
-            for c in constants if not c.from_folded]
+    return [
+        {
+            "name": c.name,
+            "fqn": c.weight.removeprefix(WEIGHT_PREFIX),
+            "kind": c.kind,
+            "dtype": c.dtype,
+            "shape": list(c.shape),
+            "layout": c.layout,
+            "typed": c.typed,
+            "plain": c.plain,
+            "nbytes": c.nbytes,
+            "state": c.fqn in state,
+        }
+        for c in constants
+        if not c.from_folded
+    ]
 
 
 def unused_weights(constants: list[Constant], program_weights: dict[str, Any]) -> list[str]:
@@ -242,4 +319,7 @@ def write_constants(constants: list[Constant], out: Path) -> None:
 
 
 def read_constants(path: Path) -> list[Constant]:
-    return [Constant(**{**c, "shape": tuple(c["shape"]), "stride": tuple(c["stride"])}) for c in json.loads(path.read_text())]
+    return [
+        Constant(**{**c, "shape": tuple(c["shape"]), "stride": tuple(c["stride"])})
+        for c in json.loads(path.read_text())
+    ]

@@ -27,8 +27,10 @@ def merge(wheels: list[Path], out: Path) -> Path:
     for part in parts[1:]:
         for what in ("name", "base", "torch", "tags"):
             if part[what] != first[what]:
-                raise UserError(f"merge: {part['wheel'].name} and {first['wheel'].name} differ in {what} "
-                                f"({part[what]} vs {first[what]}); merge the targets of one build of one package")
+                raise UserError(
+                    f"merge: {part['wheel'].name} and {first['wheel'].name} differ in {what} "
+                    f"({part[what]} vs {first[what]}); merge the targets of one build of one package"
+                )
         if part["manifest"]["graphs"] != first["manifest"]["graphs"]:
             raise UserError(f"merge: {part['wheel'].name} and {first['wheel'].name} hold different graphs")
     devices = [t["device"] for p in parts for t in p["manifest"]["targets"]]
@@ -42,8 +44,15 @@ def merge(wheels: list[Path], out: Path) -> Path:
     name = manifest["name"]
     members: dict[str, tuple[bytes, bool]] = {}
     for part in parts:
-        members.update({k: v for k, v in part["members"].items() if not k.startswith(f"{name}/__init__.py")
-                        and k != f"{name}/{BUILD_MANIFEST}" and ".dist-info/" not in k})
+        members.update(
+            {
+                k: v
+                for k, v in part["members"].items()
+                if not k.startswith(f"{name}/__init__.py")
+                and k != f"{name}/{BUILD_MANIFEST}"
+                and ".dist-info/" not in k
+            }
+        )
     members[f"{name}/__init__.py"] = (render_init(manifest).encode(), False)
     members[f"{name}/{BUILD_MANIFEST}"] = ((json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(), False)
     dist_info = f"{name}-{version}.dist-info"
@@ -62,7 +71,9 @@ def _read(wheel: Path) -> dict:
     try:
         name, version, _, tags = parse_wheel_filename(wheel.name)
         with zipfile.ZipFile(wheel) as zf:
-            members = {i.filename: (zf.read(i), bool((i.external_attr >> 16) & 0o111)) for i in zf.infolist() if not i.is_dir()}
+            members = {
+                i.filename: (zf.read(i), bool((i.external_attr >> 16) & 0o111)) for i in zf.infolist() if not i.is_dir()
+            }
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise UserError(f"merge: {wheel}: not a readable wheel ({exc})") from None
     package = str(name).replace("-", "_")
@@ -71,9 +82,16 @@ def _read(wheel: Path) -> dict:
     found = re.fullmatch(r"torch(\d+\.\d+\.\d+)\.(.+)", local)
     if manifest is None or found is None:
         raise UserError(f"merge: {wheel.name} was not built by this shimgen (no {BUILD_MANIFEST}, or no +torch label)")
-    return {"wheel": wheel, "name": package, "base": Version(str(version)).public, "torch": found[1], "targets_label": found[2],
-            "tags": "-".join(sorted({f"{t.interpreter}-{t.abi}-{t.platform}" for t in tags})), "members": members,
-            "manifest": json.loads(manifest[0])}
+    return {
+        "wheel": wheel,
+        "name": package,
+        "base": Version(str(version)).public,
+        "torch": found[1],
+        "targets_label": found[2],
+        "tags": "-".join(sorted({f"{t.interpreter}-{t.abi}-{t.platform}" for t in tags})),
+        "members": members,
+        "manifest": json.loads(manifest[0]),
+    }
 
 
 def _merged_manifest(parts: list[dict], version: str) -> dict:

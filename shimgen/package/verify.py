@@ -39,7 +39,9 @@ class GraphModels:
     graph: Graph
     where: str  # graph[i]
     device: str
-    programs: tuple[tuple[tuple[tuple[str, int], ...], Path], ...]  # ((dim, size) ..., program): the dynamic one first, fixing nothing
+    programs: tuple[
+        tuple[tuple[tuple[str, int], ...], Path], ...
+    ]  # ((dim, size) ..., program): the dynamic one first, fixing nothing
     state: tuple[str, ...] = ()  # the names of the state it mutates (package.state's keys)
 
 
@@ -65,8 +67,11 @@ def cases(graph: Graph, fixed: list[dict[str, int]]) -> list[tuple[str, dict[str
     """(label, sizes): every dim at its min, the example, every dim at its max, then each variant's sizes (`fixed`) with
     the other dims at their example; each set of sizes once."""
     base = example_sizes(graph)
-    wanted = [("smallest", {name: d.min for name, d in graph.dims.items()}), ("example", base),
-              ("largest", {name: d.max for name, d in graph.dims.items()})]
+    wanted = [
+        ("smallest", {name: d.min for name, d in graph.dims.items()}),
+        ("example", base),
+        ("largest", {name: d.max for name, d in graph.dims.items()}),
+    ]
     wanted += [("variant", {**base, **sizes}) for sizes in fixed]
     out: list[tuple[str, dict[str, int]]] = []
     for kind, sizes in wanted:
@@ -116,7 +121,9 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
             continue
         compiled = getattr(package, graph.name)
         fixed = [dict(f) for f, _ in models.programs[1:]]
-        if models.state:  # the package's state is one for all its graphs and models: each graph starts from the initial one
+        if (
+            models.state
+        ):  # the package's state is one for all its graphs and models: each graph starts from the initial one
             package.reset_state()
         state: dict[str, Any] = {}  # the state the programs' calls leave, carried from one program to the next
         for n, (case, sizes) in enumerate(cases(graph, fixed)):
@@ -174,7 +181,9 @@ def _difference(graph: Graph, want: Any, got: Any) -> str:
         atol, rtol = max(graph.atol, LEAST_ATOL), max(graph.rtol, LEAST_RTOL)
         if not torch.allclose(g.double(), w.double(), rtol=rtol, atol=atol, equal_nan=True):
             error = (g.double() - w.double()).abs().nan_to_num(float("inf")).max().item() if g.numel() else 0.0
-            return f"output {k} differs from the traced program (max abs error {error:.3g}; atol {atol:g}, rtol {rtol:g})"
+            return (
+                f"output {k} differs from the traced program (max abs error {error:.3g}; atol {atol:g}, rtol {rtol:g})"
+            )
     return ""
 
 
@@ -195,7 +204,13 @@ def _state_difference(graph: Graph, models: GraphModels, program: Any, package: 
         got = have.get(name.removeprefix(WEIGHT_PREFIX))
         if want is None or got is None:
             return f"the package holds no state '{name.removeprefix(WEIGHT_PREFIX)}'" if got is None else ""
-        if not torch.allclose(got.double(), want.double(), rtol=max(graph.rtol, LEAST_RTOL), atol=max(graph.atol, LEAST_ATOL), equal_nan=True):
+        if not torch.allclose(
+            got.double(),
+            want.double(),
+            rtol=max(graph.rtol, LEAST_RTOL),
+            atol=max(graph.atol, LEAST_ATOL),
+            equal_nan=True,
+        ):
             return f"the state '{name.removeprefix(WEIGHT_PREFIX)}' differs from the traced program's"
     return ""
 
@@ -206,8 +221,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """python -m shimgen.package.verify SITE PACKAGE REPORT [PLAN] [MODULE_DIR ...]: import the package from SITE (with the module
-    dirs on sys.path), then, given a PLAN (pickled Plan; "-" for none), run it; the report is written to REPORT as JSON."""
+    """python -m shimgen.package.verify SITE PACKAGE REPORT [PLAN] [MODULE_DIR ...]: import the package from SITE (with
+    the module
+    dirs on sys.path), then, given a PLAN (pickled Plan; "-" for none), run it; the report is written to REPORT as
+    JSON."""
     site, name, report_path, plan_path, *module_dirs = argv
     sys.path[:0] = [site, *module_dirs]
     report = Report()

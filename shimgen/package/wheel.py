@@ -42,8 +42,18 @@ _STORE_ABOVE = 0.9  # store a member whose sample deflates (zlib level 6, ZipFil
 _ALWAYS_STORED = (".safetensors",)
 
 
-def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name: str, tc: Toolchain, launcher: str | None,
-                     key: str, module_dirs: tuple[Path, ...] = (), plan: verify.Plan | None = None) -> PackageResult:
+def build_and_unpack(
+    source: Path,
+    build_dir: Path,
+    dist: Path,
+    site: Path,
+    name: str,
+    tc: Toolchain,
+    launcher: str | None,
+    key: str,
+    module_dirs: tuple[Path, ...] = (),
+    plan: verify.Plan | None = None,
+) -> PackageResult:
     """The wheel in `dist` and its contents in `site` (a directory that can go on sys.path); `module_dirs` hold the
     Python modules the package imports besides torch (the spec's directory, for its custom ops' modules)."""
     dist.mkdir(parents=True, exist_ok=True)
@@ -56,7 +66,11 @@ def build_and_unpack(source: Path, build_dir: Path, dist: Path, site: Path, name
 def normalize_wheel(wheel: Path, epoch: int) -> None:
     """Rewrite `wheel` in place so that its bytes depend only on its members' names and contents."""
     with zipfile.ZipFile(wheel) as zf:
-        members = {info.filename: (zf.read(info), bool((info.external_attr >> 16) & 0o111)) for info in zf.infolist() if not info.is_dir()}
+        members = {
+            info.filename: (zf.read(info), bool((info.external_attr >> 16) & 0o111))
+            for info in zf.infolist()
+            if not info.is_dir()
+        }
     if not any(name.endswith(".dist-info/RECORD") for name in members):
         raise BuildError(f"meson-python wrote a wheel without a RECORD: {wheel.name}")
     write_wheel(wheel, members, epoch)
@@ -89,7 +103,7 @@ def compress_type(name: str, data: bytes) -> int:
     else:
         chunk, stride = _SAMPLE_BYTES // _SAMPLE_CHUNKS, len(data) / _SAMPLE_CHUNKS
         starts = (int(stride * (k + 0.5)) - chunk // 2 for k in range(_SAMPLE_CHUNKS))
-        sample = b"".join(data[start:start + chunk] for start in starts)
+        sample = b"".join(data[start : start + chunk] for start in starts)
     if not sample:
         return zipfile.ZIP_DEFLATED
     deflate = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, as a zip member holds it (no zlib header)
@@ -126,19 +140,35 @@ def _unpack(wheel: Path, staging: Path) -> None:
 
 
 # This shimgen's verify module, imported from where this shimgen is; its directory is taken off sys.path again.
-_VERIFY = ("import sys; sys.path.insert(0, sys.argv[1]); from shimgen.package import verify; sys.path.remove(sys.argv[1]); "
-           "sys.exit(verify.main(sys.argv[2:]))")
+_VERIFY = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from shimgen.package import verify; sys.path.remove(sys.argv[1]); "
+    "sys.exit(verify.main(sys.argv[2:]))"
+)
 
 
-def _check(staging: Path, name: str, tc: Toolchain, module_dirs: tuple[Path, ...], plan: verify.Plan | None) -> verify.Report:
-    """The unpacked package imported in a fresh interpreter and, given a plan, its graphs run against their traced programs
+def _check(
+    staging: Path, name: str, tc: Toolchain, module_dirs: tuple[Path, ...], plan: verify.Plan | None
+) -> verify.Report:
+    """The unpacked package imported in a fresh interpreter and, given a plan, its graphs run against their traced
+    programs
     (shimgen/package/verify.py); where either fails, `staging` is removed and the build fails."""
     with tempfile.TemporaryDirectory(prefix="shimgen-verify-") as tmp:
         plan_file, report_file = Path(tmp) / "plan.pickle", Path(tmp) / "report.json"
         if plan is not None:
             plan_file.write_bytes(pickle.dumps(plan))
-        checked = run([tc.python, "-c", _VERIFY, str(Path(verify.__file__).parents[2]), str(staging), name, str(report_file),
-                       str(plan_file) if plan else "-", *map(str, module_dirs)])
+        checked = run(
+            [
+                tc.python,
+                "-c",
+                _VERIFY,
+                str(Path(verify.__file__).parents[2]),
+                str(staging),
+                name,
+                str(report_file),
+                str(plan_file) if plan else "-",
+                *map(str, module_dirs),
+            ]
+        )
         report = verify.Report(**json.loads(report_file.read_text())) if report_file.is_file() else verify.Report()
     if checked.ok:
         return report
@@ -146,16 +176,29 @@ def _check(staging: Path, name: str, tc: Toolchain, module_dirs: tuple[Path, ...
     kept = "the previous package is left in place"
     if report.failure.startswith("import: ") or (not report.failure and not report.running):
         crash = f" (it crashed with signal {checked.signal})" if checked.signal else ""
-        raise BuildError(f"the built package '{name}' does not import{crash}; {kept}: {report.failure.removeprefix('import: ') or checked.tail(1)}")
+        raise BuildError(
+            f"the built package '{name}' does not import{crash}; {kept}: {report.failure.removeprefix('import: ') or checked.tail(1)}"
+        )
     if report.failure:
-        raise BuildError(f"the built package '{name}' does not compute what its traced program does; {kept}: {report.failure}")
+        raise BuildError(
+            f"the built package '{name}' does not compute what its traced program does; {kept}: {report.failure}"
+        )
     crash = f"crashed with signal {checked.signal}" if checked.signal else f"failed: {checked.tail(1)}"
     raise BuildError(f"the built package '{name}' {crash} at {report.running}; {kept}")
 
 
-def install(wheel: Path, dist: Path, site: Path, name: str, tc: Toolchain, key: str, module_dirs: tuple[Path, ...] = (),
-            plan: verify.Plan | None = None) -> PackageResult:
-    """`wheel` (just built, or from the shared cache) moved into `dist` and unpacked in `site`, once it imports here and,
+def install(
+    wheel: Path,
+    dist: Path,
+    site: Path,
+    name: str,
+    tc: Toolchain,
+    key: str,
+    module_dirs: tuple[Path, ...] = (),
+    plan: verify.Plan | None = None,
+) -> PackageResult:
+    """`wheel` (just built, or from the shared cache) moved into `dist` and unpacked in `site`, once it imports here
+    and,
     given a plan, computes what its traced programs do."""
     dist.mkdir(parents=True, exist_ok=True)
     staging = site.with_name(site.name + ".new")
@@ -164,4 +207,11 @@ def install(wheel: Path, dist: Path, site: Path, name: str, tc: Toolchain, key: 
     final = dist / wheel.name
     wheel.replace(final)
     replace_dir(staging, site)
-    return PackageResult(key=key, wheel=final, site=site, verified=tuple(report.cases), verify_skipped=tuple(report.skipped), verify_seconds=report.seconds)
+    return PackageResult(
+        key=key,
+        wheel=final,
+        site=site,
+        verified=tuple(report.cases),
+        verify_skipped=tuple(report.skipped),
+        verify_seconds=report.seconds,
+    )

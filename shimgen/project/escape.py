@@ -50,7 +50,8 @@ def toml(value: str) -> Markup:
 
 
 def yaml(value: str | list[str]) -> Markup:
-    """A YAML double-quoted scalar, or a flow sequence of them for a list. Escaped: quotes, backslashes and every character
+    """A YAML double-quoted scalar, or a flow sequence of them for a list. Escaped: quotes, backslashes and every
+    character
     YAML does not allow as it is or reads as a line break (control characters, DEL, NEL, U+2028/9, a BOM)."""
     if isinstance(value, (list, tuple)):
         return Markup("[" + ", ".join(yaml(item) for item in value) + "]")
@@ -88,7 +89,16 @@ def comment(value: str) -> Markup:
     return Markup("".join(c if c >= " " and c != "\x7f" else " " for c in str(value)))
 
 
-FILTERS = {"py": py, "cpp": cpp, "meson": meson, "toml": toml, "yaml": yaml, "ident": ident, "plain": plain, "comment": comment}
+FILTERS = {
+    "py": py,
+    "cpp": cpp,
+    "meson": meson,
+    "toml": toml,
+    "yaml": yaml,
+    "ident": ident,
+    "plain": plain,
+    "comment": comment,
+}
 
 
 def require_escaped(value: Any) -> Any:

@@ -27,10 +27,29 @@ from shimgen.trace import variants
 TEMPLATES = Path(__file__).parent / "templates"
 RUNTIME = Path(__file__).parents[1] / "runtime"  # shipped or compiled as they are
 TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meson project shimgen writes
-PROBE_FILES = ("probe.cpp", "check_probe.py", "shimgen_runtime.cpp", "shimgen_runtime.h", "shimgen_handles.h")  # under RUNTIME
+PROBE_FILES = (
+    "probe.cpp",
+    "check_probe.py",
+    "shimgen_runtime.cpp",
+    "shimgen_runtime.h",
+    "shimgen_handles.h",
+)  # under RUNTIME
 # What __init__.py is rendered from, shipped beside it as BUILD_MANIFEST for `shimgen merge`.
-INIT_CONTEXT = ("name", "version", "description", "spec_file", "target_ids", "torch_version", "targets", "units", "graphs", "op_libraries",
-                "op_modules", "docstrings", "freezing")
+INIT_CONTEXT = (
+    "name",
+    "version",
+    "description",
+    "spec_file",
+    "target_ids",
+    "torch_version",
+    "targets",
+    "units",
+    "graphs",
+    "op_libraries",
+    "op_modules",
+    "docstrings",
+    "freezing",
+)
 BUILD_MANIFEST = "_shimgen_build.json"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
 
@@ -50,18 +69,39 @@ def _env() -> jinja2.Environment:
 
 def render_probe(tc: Toolchain, out: Path) -> None:
     env = _env()
-    write_if_changed(out / "meson.build", env.get_template("probe/meson.build.j2").render(tc=tc, path_maps=path_maps(tc)))
+    write_if_changed(
+        out / "meson.build", env.get_template("probe/meson.build.j2").render(tc=tc, path_maps=path_maps(tc))
+    )
     for name in PROBE_FILES:
         write_if_changed(out / name, (RUNTIME / name).read_bytes())
 
 
 # shimgen/runtime's sources of the runtime library (runtime_lib.py), and those a generated project compiles against.
-RUNTIME_LIBRARY = ("shimgen_core.cpp", "shimgen_python.cpp", "shimgen_runtime.cpp", "shimgen_core.h", "shimgen_graph.h", "shimgen_handles.h",
-                   "shimgen_model_api.h", "shimgen_python.h", "shimgen_runtime.h", "shimgen_state.h", "shimgen_tree.h", "shimgen_variants.h",
-                   "shimgen_weights.h", "shimgen_cuda_graph.h")
+RUNTIME_LIBRARY = (
+    "shimgen_core.cpp",
+    "shimgen_python.cpp",
+    "shimgen_runtime.cpp",
+    "shimgen_core.h",
+    "shimgen_graph.h",
+    "shimgen_handles.h",
+    "shimgen_model_api.h",
+    "shimgen_python.h",
+    "shimgen_runtime.h",
+    "shimgen_state.h",
+    "shimgen_tree.h",
+    "shimgen_variants.h",
+    "shimgen_weights.h",
+    "shimgen_cuda_graph.h",
+)
 RUNTIME_TESTS = ("tests/runtime_tests.cpp",)
-PROJECT_HEADERS = ("shimgen_graph.h", "shimgen_python.h", "shimgen_model_api.h", "shimgen_variants.h", "shimgen_weights.h",
-                   "shimgen_model_constants.h")
+PROJECT_HEADERS = (
+    "shimgen_graph.h",
+    "shimgen_python.h",
+    "shimgen_model_api.h",
+    "shimgen_variants.h",
+    "shimgen_weights.h",
+    "shimgen_model_constants.h",
+)
 
 
 def runtime_sources(tests: bool) -> list[tuple[str, bytes]]:
@@ -69,7 +109,8 @@ def runtime_sources(tests: bool) -> list[tuple[str, bytes]]:
     names = RUNTIME_LIBRARY + (RUNTIME_TESTS if tests else ())
     return [(name, (RUNTIME / name).read_bytes()) for name in names] + [
         ("meson.build.j2", (TEMPLATES / "runtime" / "meson.build.j2").read_bytes()),
-        ("torch_dependency.meson.j2", (TEMPLATES / TORCH_DEPENDENCY).read_bytes())]
+        ("torch_dependency.meson.j2", (TEMPLATES / TORCH_DEPENDENCY).read_bytes()),
+    ]
 
 
 def render_runtime(tc: Toolchain, device: str, out: Path, tests: bool = False) -> None:
@@ -79,18 +120,32 @@ def render_runtime(tc: Toolchain, device: str, out: Path, tests: bool = False) -
         from shimgen.toolchain.cuda import detect_cuda
 
         cuda_includes = detect_cuda().include_dirs
-    context = {"tc": tc, "device": device, "cuda": devices.device(device).gpu, "cuda_includes": cuda_includes, "tests": tests,
-               "path_maps": path_maps(tc)}
+    context = {
+        "tc": tc,
+        "device": device,
+        "cuda": devices.device(device).gpu,
+        "cuda_includes": cuda_includes,
+        "tests": tests,
+        "path_maps": path_maps(tc),
+    }
     write_if_changed(out / "meson.build", _env().get_template("runtime/meson.build.j2").render(context))
     for name, content in runtime_sources(tests):
         if not name.endswith(".j2"):
             write_if_changed(out / name, content)
 
 
-def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, out: Path) -> None:
+def render_prebuilt(
+    tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, out: Path
+) -> None:
     env = _env()
-    context = {"tc": tc, "inductor_args": compile_args, "wrapper_opt": OPT[flags.wrapper_opt], "kernel_opt": OPT[flags.kernel_opt],
-               "pch": flags.pch, "path_maps": path_maps(tc)}
+    context = {
+        "tc": tc,
+        "inductor_args": compile_args,
+        "wrapper_opt": OPT[flags.wrapper_opt],
+        "kernel_opt": OPT[flags.kernel_opt],
+        "pch": flags.pch,
+        "path_maps": path_maps(tc),
+    }
     write_if_changed(out / "meson.build", env.get_template("prebuilt/meson.build.j2").render(context))
     write_if_changed(out / "aoti_interface.cpp", interface)
     write_if_changed(out / "empty.cpp", "")
@@ -98,36 +153,68 @@ def render_prebuilt(tc: Toolchain, device: str, compile_args: list[str], flags: 
     write_if_changed(out / "pch" / "kernel_pch.h", (RUNTIME / "kernel_pch.h").read_bytes())
 
 
-def render_ops(spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, sources: list[list[Path]],
-               out: Path) -> dict[int, str]:
+def render_ops(
+    spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, sources: list[list[Path]], out: Path
+) -> dict[int, str]:
     """Write the Meson project of the custom ops' libraries into `out`; their target names by entry."""
     libraries: list[dict[str, Any]] = []
     for i, entry_sources in enumerate(sources):
         if entry_sources:
-            libraries.append({"entry": i, "name": f"{spec.project.name}_ops{i}", "cxx": [str(s) for s in entry_sources if s.suffix != ".cu"],
-                              "cuda": [str(s) for s in entry_sources if s.suffix == ".cu"]})
+            libraries.append(
+                {
+                    "entry": i,
+                    "name": f"{spec.project.name}_ops{i}",
+                    "cxx": [str(s) for s in entry_sources if s.suffix != ".cu"],
+                    "cuda": [str(s) for s in entry_sources if s.suffix == ".cu"],
+                }
+            )
     maps = path_maps(tc, tuple(sorted({s.parent for entry_sources in sources for s in entry_sources})))
     nvcc_args: list[str] = []
     uses_cuda = any(lib["cuda"] for lib in libraries)
     if cuda and uses_cuda:
         archs = next(t.archs for t in spec.target if devices.device(t.device).gpu)
-        nvcc_args = ["-std=c++17", "-O3", "--expt-relaxed-constexpr", "-ccbin", tc.cxx, "-Xcompiler", "-fPIC",
-                     "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
-                     "-D__CUDA_NO_HALF2_OPERATORS__", *[a for d in tc.torch_includes for a in ("-isystem", d)],
-                     *[a for m in maps if "," not in m for a in ("-Xcompiler", m)]]  # nvcc splits -Xcompiler at commas
+        nvcc_args = [
+            "-std=c++17",
+            "-O3",
+            "--expt-relaxed-constexpr",
+            "-ccbin",
+            tc.cxx,
+            "-Xcompiler",
+            "-fPIC",
+            "-D__CUDA_NO_HALF_OPERATORS__",
+            "-D__CUDA_NO_HALF_CONVERSIONS__",
+            "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-D__CUDA_NO_HALF2_OPERATORS__",
+            *[a for d in tc.torch_includes for a in ("-isystem", d)],
+            *[a for m in maps if "," not in m for a in ("-Xcompiler", m)],
+        ]  # nvcc splits -Xcompiler at commas
         for arch in archs:
             number = arch[3:]
             nvcc_args.append(f"-gencode=arch=compute_{number},code={arch}")
         nvcc_args.append(f"-gencode=arch=compute_{archs[-1][3:]},code=compute_{archs[-1][3:]}")  # PTX for newer GPUs
-    context = {"name": spec.project.name, "spec_file": spec_file, "tc": tc, "cuda": cuda if uses_cuda else None,
-               "nvcc_args": nvcc_args, "libraries": libraries, "path_maps": maps}
+    context = {
+        "name": spec.project.name,
+        "spec_file": spec_file,
+        "tc": tc,
+        "cuda": cuda if uses_cuda else None,
+        "nvcc_args": nvcc_args,
+        "libraries": libraries,
+        "path_maps": maps,
+    }
     write_if_changed(out / "meson.build", _env().get_template("ops/meson.build.j2").render(context))
     return {lib["entry"]: lib["name"] for lib in libraries}
 
 
 def render_project(
-    spec: ProjectSpec, version: str, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, units: list[Unit],
-    prebuilt: dict[str, Prebuilt], ops: CustomOps | None, out: Path,
+    spec: ProjectSpec,
+    version: str,
+    spec_file: str,
+    tc: Toolchain,
+    cuda: CudaToolchain | None,
+    units: list[Unit],
+    prebuilt: dict[str, Prebuilt],
+    ops: CustomOps | None,
+    out: Path,
 ) -> RenderedProject:
     """Write the generated Meson project into `out`; the package's `version` holds its local label. Each graph links
     the runtime library of its device from `prebuilt`."""
@@ -147,49 +234,85 @@ def render_project(
                 files[src / "triton" / path.name] = path.read_bytes()
             if code.extern_nodes:
                 nodes = proxy_executor.extern_nodes(json.loads(code.extern_nodes.read_text()))
-                files[src / "proxy_executor.cpp"] = env.get_template("project/proxy_executor.cpp.j2").render(graph=u.graph.name, nodes=nodes)
+                files[src / "proxy_executor.cpp"] = env.get_template("project/proxy_executor.cpp.j2").render(
+                    graph=u.graph.name, nodes=nodes
+                )
             if variant is not None:
                 files[src / "variant.cpp"] = env.get_template("project/variant.cpp.j2").render(
-                    graph=u.graph.name, sizes=_label(variant), device=u.target.device, proxy_executor=code.extern_nodes is not None,
-                    has_last_error=tc.has_last_error)
-            models.append({"dir": work, "library": u.library(variant) if variant else None, "label": _label(variant) if variant else "",
-                           "kernels": [p.name for p in code.kernels], "cuda_kernels": [p.stem for p in code.ptx],
-                           "triton": [p.name for p in code.triton], "proxy_executor": code.extern_nodes is not None})
+                    graph=u.graph.name,
+                    sizes=_label(variant),
+                    device=u.target.device,
+                    proxy_executor=code.extern_nodes is not None,
+                    has_last_error=tc.has_last_error,
+                )
+            models.append(
+                {
+                    "dir": work,
+                    "library": u.library(variant) if variant else None,
+                    "label": _label(variant) if variant else "",
+                    "kernels": [p.name for p in code.kernels],
+                    "cuda_kernels": [p.stem for p in code.ptx],
+                    "triton": [p.name for p in code.triton],
+                    "proxy_executor": code.extern_nodes is not None,
+                }
+            )
         if u.code.weights_file:
             dynamic = u.code.weights_file
-            files[out / "src" / u.name / f"{u.name}.safetensors"] = weights.merged(dynamic, [(v.name, v.code.weights_file) for v in u.variants
-                                                                                              if v.code.weights_file]) \
-                if u.variants else dynamic.read_bytes()
+            files[out / "src" / u.name / f"{u.name}.safetensors"] = (
+                weights.merged(dynamic, [(v.name, v.code.weights_file) for v in u.variants if v.code.weights_file])
+                if u.variants
+                else dynamic.read_bytes()
+            )
         context = _binding_context(u, tc, spec, target_ids)
         files[out / "src" / u.name / "binding.cpp"] = binding.render(context)
         files[out / "src" / u.name / "variants.cpp"] = env.get_template("project/variants.cpp.j2").render(context)
-        unit_context.append({"name": u.name, "graph": u.graph.name, "device": u.target.device, "models": models,
-                             "weights_file": f"{u.name}.safetensors" if u.code.weights_file else None,
-                             "constants": weights.package_view(weights.read_constants(u.code.constants), u.code.state) if u.code.constants else [],
-                             "unused_weights": list(u.code.unused_weights),
-                             # Graphs that build the same module share its state (prefill and decode over one KV cache).
-                             "state_owner": stage_key(u.graph.entry, u.graph.args, u.graph.kwargs, u.graph.seed)[:16],
-                             "variants": [{"name": v.name, "label": _label(v), "library": f"{u.library(v)}.so",
-                                           "constants": weights.package_view(weights.read_constants(v.code.constants), v.code.state)
-                                           if v.code.constants else []}
-                                          for v in u.variants]})
+        unit_context.append(
+            {
+                "name": u.name,
+                "graph": u.graph.name,
+                "device": u.target.device,
+                "models": models,
+                "weights_file": f"{u.name}.safetensors" if u.code.weights_file else None,
+                "constants": weights.package_view(weights.read_constants(u.code.constants), u.code.state)
+                if u.code.constants
+                else [],
+                "unused_weights": list(u.code.unused_weights),
+                # Graphs that build the same module share its state (prefill and decode over one KV cache).
+                "state_owner": stage_key(u.graph.entry, u.graph.args, u.graph.kwargs, u.graph.seed)[:16],
+                "variants": [
+                    {
+                        "name": v.name,
+                        "label": _label(v),
+                        "library": f"{u.library(v)}.so",
+                        "constants": weights.package_view(weights.read_constants(v.code.constants), v.code.state)
+                        if v.code.constants
+                        else [],
+                    }
+                    for v in u.variants
+                ],
+            }
+        )
     libraries = []
     if ops:
         for entry, path in zip([i for i, op in enumerate(spec.custom_op) if op.sources], ops.libraries, strict=True):
             files[out / "src" / "ops" / path.name] = path.read_bytes()
-            libraries.append({"file": path.name, "op": next(d.name for d in ops.ops if d.entry == entry and d.module is None)})
+            libraries.append(
+                {"file": path.name, "op": next(d.name for d in ops.ops if d.entry == entry and d.module is None)}
+            )
     targets = []
     for t in spec.target:
         built = prebuilt[t.device]
-        targets.append({
-            "device": t.device,
-            "archs": t.archs,
-            "inductor_args": next(u.code.compile_args for u in units if u.target is t),
-            "interface_lib": str(built.interface_lib),
-            "runtime_libs": [str(p) for p in built.runtime_libs],
-            "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
-            "kernel_pch_args": ["-include", str(built.kernel_pch), "-Winvalid-pch"] if built.kernel_pch else [],
-        })
+        targets.append(
+            {
+                "device": t.device,
+                "archs": t.archs,
+                "inductor_args": next(u.code.compile_args for u in units if u.target is t),
+                "interface_lib": str(built.interface_lib),
+                "runtime_libs": [str(p) for p in built.runtime_libs],
+                "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
+                "kernel_pch_args": ["-include", str(built.kernel_pch), "-Winvalid-pch"] if built.kernel_pch else [],
+            }
+        )
     context = {
         "name": name,
         "version": version,
@@ -209,18 +332,41 @@ def render_project(
         "op_libraries": libraries,
         "op_modules": _op_modules(spec, units),
         "freezing": spec.flags.freezing,
-        "docstrings": {g.name: docstring(g, next(u.code.out_nodes for u in units if u.graph is g), spec.runtime.instances,
-                                         any(not devices.device(t.device).gpu for t in spec.target), state=next(u.code.state for u in units if u.graph is g),
-                                         made=next(u.variants for u in units if u.graph is g))
-                       for g in spec.graph},
+        "docstrings": {
+            g.name: docstring(
+                g,
+                next(u.code.out_nodes for u in units if u.graph is g),
+                spec.runtime.instances,
+                any(not devices.device(t.device).gpu for t in spec.target),
+                state=next(u.code.state for u in units if u.graph is g),
+                made=next(u.variants for u in units if u.graph is g),
+            )
+            for g in spec.graph
+        },
     }
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
     # Devices and names only: the manifest holds no path of the build machine.
-    package = {**{k: context[k] for k in INIT_CONTEXT}, "targets": [{"device": t["device"]} for t in targets],
-               "units": [{k: u[k] for k in ("name", "graph", "device", "weights_file", "constants", "unused_weights", "state_owner",
-                                         "variants")}
-                         for u in unit_context]}
+    package = {
+        **{k: context[k] for k in INIT_CONTEXT},
+        "targets": [{"device": t["device"]} for t in targets],
+        "units": [
+            {
+                k: u[k]
+                for k in (
+                    "name",
+                    "graph",
+                    "device",
+                    "weights_file",
+                    "constants",
+                    "unused_weights",
+                    "state_owner",
+                    "variants",
+                )
+            }
+            for u in unit_context
+        ],
+    }
     files[out / name / "__init__.py"] = render_init(package)
     files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"
     files[out / name / "_shimgen_weights.py"] = (RUNTIME / "_shimgen_weights.py").read_text()
@@ -232,7 +378,9 @@ def render_project(
     digest = hashlib.sha256()
     for path in sorted(files):
         content = files[path]
-        digest.update(f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content))
+        digest.update(
+            f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content)
+        )
     return RenderedProject(key=digest.hexdigest(), root=out, sources=tuple(sorted(files)))
 
 
@@ -258,9 +406,14 @@ def _op_modules(spec: ProjectSpec, units: list[Unit]) -> list[dict[str, str]]:
         for module in u.code.run_time_modules:
             modules.setdefault(module, []).append(u.graph.name)
     entries = {op.module: i for i, op in enumerate(spec.custom_op) if op.module}
-    return [{"module": m, "needed_by": (f"custom_op[{entries[m]}].module of the spec; " if m in entries else "")
-             + f"it defines ops that {'graphs' if len(set(g)) > 1 else 'graph'} {', '.join(sorted(set(g)))} call{'' if len(set(g)) > 1 else 's'}"}
-            for m, g in modules.items()]
+    return [
+        {
+            "module": m,
+            "needed_by": (f"custom_op[{entries[m]}].module of the spec; " if m in entries else "")
+            + f"it defines ops that {'graphs' if len(set(g)) > 1 else 'graph'} {', '.join(sorted(set(g)))} call{'' if len(set(g)) > 1 else 's'}",
+        }
+        for m, g in modules.items()
+    ]
 
 
 def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str) -> dict[str, Any]:
@@ -270,14 +423,16 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
     inputs = []
     for inp in graph.inputs:
         dims_text = ", ".join(str(s) for s in inp.shape)
-        inputs.append({
-            "name": inp.name,
-            "scalar_type": SCALAR_TYPES[inp.dtype],
-            "memory_format": "ChannelsLast" if inp.memory_format == "channels_last" else "Contiguous",
-            "sizes": [-1 if isinstance(s, str) else s for s in inp.shape],
-            "dims": [dim_index[s] if isinstance(s, str) else -1 for s in inp.shape],
-            "signature": f"{inp.dtype}[{dims_text}]",
-        })
+        inputs.append(
+            {
+                "name": inp.name,
+                "scalar_type": SCALAR_TYPES[inp.dtype],
+                "memory_format": "ChannelsLast" if inp.memory_format == "channels_last" else "Contiguous",
+                "sizes": [-1 if isinstance(s, str) else s for s in inp.shape],
+                "dims": [dim_index[s] if isinstance(s, str) else -1 for s in inp.shape],
+                "signature": f"{inp.dtype}[{dims_text}]",
+            }
+        )
     return {
         "graph": graph.name,
         "module": f"_{u.name}",
@@ -296,10 +451,24 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "proxy_executor": u.code.extern_nodes is not None,
         "weights_in_file": u.code.weights_file is not None,
         "state": sorted({name for _, code in u.generated for name in code.state}),
-        "variants": [{"label": _label(v), "library": f"{u.library(v)}.so", "dim_sizes": [dict(v.sizes).get(name, -1) for name in graph.dims],
-                      "captured": cuda_graphs and variants.fully_static(graph, dict(v.sizes))} for v in u.variants],
-        "docstring": docstring(graph, u.code.out_nodes, spec.runtime.instances, not devices.device(u.target.device).gpu, cuda_graphs, u.code.state,
-                               u.variants),
+        "variants": [
+            {
+                "label": _label(v),
+                "library": f"{u.library(v)}.so",
+                "dim_sizes": [dict(v.sizes).get(name, -1) for name in graph.dims],
+                "captured": cuda_graphs and variants.fully_static(graph, dict(v.sizes)),
+            }
+            for v in u.variants
+        ],
+        "docstring": docstring(
+            graph,
+            u.code.out_nodes,
+            spec.runtime.instances,
+            not devices.device(u.target.device).gpu,
+            cuda_graphs,
+            u.code.state,
+            u.variants,
+        ),
     }
 
 
@@ -308,9 +477,17 @@ def _label(variant: Variant) -> str:
     return ", ".join(f"{dim}={size}" for dim, size in variant.sizes)
 
 
-def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | None = None, cpu: bool = False, cuda_graphs: bool = False,
-              state: tuple[str, ...] = (), made: tuple[Variant, ...] = ()) -> str:
-    """The callable's docstring; `instances` and `cpu` add how calls share threads, `state` what the graph mutates, `made`
+def docstring(
+    graph: Graph,
+    out_nodes: tuple[OutNode, ...],
+    instances: int | None = None,
+    cpu: bool = False,
+    cuda_graphs: bool = False,
+    state: tuple[str, ...] = (),
+    made: tuple[Variant, ...] = (),
+) -> str:
+    """The callable's docstring; `instances` and `cpu` add how calls share threads, `state` what the graph mutates,
+    `made`
     its variants."""
     positional = [i.name for i in graph.inputs if not i.keyword]
     keyword = [i.name for i in graph.inputs if i.keyword]
@@ -322,34 +499,52 @@ def docstring(graph: Graph, out_nodes: tuple[OutNode, ...], instances: int | Non
         lines.append(f"  {inp.name}: {inp.dtype}[{shape}]{layout}")
     if graph.dims:
         lines.append("Dynamic dims:")
-        lines += [f"  {name}: {d.min}..{d.max}" + (f", specialized for {', '.join(map(str, d.specialize))}" if d.specialize else "")
-                  for name, d in graph.dims.items()]
+        lines += [
+            f"  {name}: {d.min}..{d.max}"
+            + (f", specialized for {', '.join(map(str, d.specialize))}" if d.specialize else "")
+            for name, d in graph.dims.items()
+        ]
     listed = [v for v in made if not v.automatic]
     if listed:
-        captured = " (replayed from CUDA graphs)" if cuda_graphs and variants.fully_static(graph, dict(listed[0].sizes)) else ""
+        captured = (
+            " (replayed from CUDA graphs)"
+            if cuda_graphs and variants.fully_static(graph, dict(listed[0].sizes))
+            else ""
+        )
         lines.append(f"Specialized variants{captured}, each compiled for its sizes; other sizes run the dynamic code:")
         lines.append("  " + "; ".join(_label(v) for v in listed))
     for v in made:
         if v.automatic:
-            captured = " (replayed from a CUDA graph)" if cuda_graphs and variants.fully_static(graph, dict(v.sizes)) else ""
+            captured = (
+                " (replayed from a CUDA graph)" if cuda_graphs and variants.fully_static(graph, dict(v.sizes)) else ""
+            )
             lines.append(f"{_label(v)} runs code compiled for it{captured}: {v.automatic}.")
     if cuda_graphs:
-        lines.append("Replayed from a CUDA graph, captured on the first call." if not graph.dims else
-                     "Other sizes run the dynamic code, not captured (CUDA graphs replay static shapes).")
+        lines.append(
+            "Replayed from a CUDA graph, captured on the first call."
+            if not graph.dims
+            else "Other sizes run the dynamic code, not captured (CUDA graphs replay static shapes)."
+        )
     if cpu:
-        lines.append("Threads: CPU kernels run on as many threads as torch.get_num_threads() gives in the calling thread at the "
-                     "call (torch.set_num_threads); one thread runs them without an OpenMP team.")
+        lines.append(
+            "Threads: CPU kernels run on as many threads as torch.get_num_threads() gives in the calling thread at the "
+            "call (torch.set_num_threads); one thread runs them without an OpenMP team."
+        )
     if instances and cuda_graphs and not graph.dims:
         instances = 1
     if state:
         names = ", ".join(name.removeprefix(weights.WEIGHT_PREFIX) for name in state)
-        lines.append(f"State: each call updates {names} in place, as the model does, and sees the updates of every call before "
-                     "it, also those of the package's other graphs that use the same state; these calls run one at a time "
-                     "(the GIL is released). state() reads it, reset_state() restores its initial values, load_weights() "
-                     "leaves it as it is.")
+        lines.append(
+            f"State: each call updates {names} in place, as the model does, and sees the updates of every call before "
+            "it, also those of the package's other graphs that use the same state; these calls run one at a time "
+            "(the GIL is released). state() reads it, reset_state() restores its initial values, load_weights() "
+            "leaves it as it is."
+        )
     elif instances:
-        lines.append(f"Calls from {instances} Python threads run at once, each on its own model instance (the GIL is "
-                     "released); further calls wait for an instance.")
+        lines.append(
+            f"Calls from {instances} Python threads run at once, each on its own model instance (the GIL is "
+            "released); further calls wait for an instance."
+        )
     notes = _type_notes(out_nodes)
     if len(notes) == 1 and out_nodes[0].kind == OBJECT:
         lines.append(f"Returns: {_structure_text(out_nodes)}: {notes[0][1]}")
@@ -372,7 +567,13 @@ def _structure_text(nodes: tuple[OutNode, ...]) -> str:
         if node.type:
             text = f"{node.type.name}({joined})"
         else:
-            text = ["Tensor", f"({joined}{',' if len(children) == 1 else ''})", f"[{joined}]", "{" + joined + "}", "None"][kind]
+            text = [
+                "Tensor",
+                f"({joined}{',' if len(children) == 1 else ''})",
+                f"[{joined}]",
+                "{" + joined + "}",
+                "None",
+            ][kind]
         if node.key is None:
             return text
         return f"{node.key}: {text}" if parent_kind == OBJECT else f"{node.key!r}: {text}"
@@ -385,8 +586,15 @@ def _type_notes(nodes: tuple[OutNode, ...]) -> list[tuple[str, str]]:
     notes: dict[tuple[str, str], str] = {}
     for t in _types(nodes):
         full = f"{t.module}.{t.qualname}"
-        fallback = {"namedtuple": f"a namedtuple {t.name} of the same fields", "dict": "a dict in field order", "tuple": "a tuple"}[t.fallback]
-        notes.setdefault((t.name, full), f"a {full} when that is importable, else {fallback}" if t.construct else f"{fallback} ({full} {t.reason})")
+        fallback = {
+            "namedtuple": f"a namedtuple {t.name} of the same fields",
+            "dict": "a dict in field order",
+            "tuple": "a tuple",
+        }[t.fallback]
+        notes.setdefault(
+            (t.name, full),
+            f"a {full} when that is importable, else {fallback}" if t.construct else f"{fallback} ({full} {t.reason})",
+        )
     return [(name, note) for (name, _), note in notes.items()]
 
 
@@ -397,17 +605,36 @@ def _types(nodes: tuple[OutNode, ...]) -> list[OutType]:
 def _out_node_table(nodes: tuple[OutNode, ...]) -> list[dict[str, Any]]:
     """The binding's kOutNodes: each OBJECT node with its index in kOutObjects."""
     objects = iter(range(len(nodes)))
-    return [{"kind": n.kind, "arity": n.arity, "key": n.key, "int_key": int(isinstance(n.key, int)),
-             "object": next(objects) if n.type else -1} for n in nodes]
+    return [
+        {
+            "kind": n.kind,
+            "arity": n.arity,
+            "key": n.key,
+            "int_key": int(isinstance(n.key, int)),
+            "object": next(objects) if n.type else -1,
+        }
+        for n in nodes
+    ]
 
 
 def _out_object_table(nodes: tuple[OutNode, ...]) -> list[dict[str, Any]]:
     """The binding's kOutObjects: the OBJECT nodes' types in preorder (binding.cpp.j2's Construct, Fallback)."""
     construct = {None: 0, "positional": 1, "keyword": 2, "sequence": 3, "unflatten": 4}
     fallback = {"namedtuple": 0, "dict": 1, "tuple": 2}
-    return [{"module": t.module, "qualname": t.qualname, "name": t.name, "fields": list(t.fields or ()), "dropped": list(t.dropped),
-             "construct_id": construct[t.construct], "fallback_id": fallback[t.fallback],
-             "unflatten": t.unflatten.split(":") if t.unflatten else ["", ""], "context": t.context} for t in _types(nodes)]
+    return [
+        {
+            "module": t.module,
+            "qualname": t.qualname,
+            "name": t.name,
+            "fields": list(t.fields or ()),
+            "dropped": list(t.dropped),
+            "construct_id": construct[t.construct],
+            "fallback_id": fallback[t.fallback],
+            "unflatten": t.unflatten.split(":") if t.unflatten else ["", ""],
+            "context": t.context,
+        }
+        for t in _types(nodes)
+    ]
 
 
 def _remove_stale(out: Path, keep: set[Path]) -> None:
@@ -424,4 +651,3 @@ def _remove_stale(out: Path, keep: set[Path]) -> None:
 def target_id(target: Target) -> str:
     """Build identifier for CI matrices: cpu-native, cpu-avx2, cuda-sm_90."""
     return f"cpu-{target.isa}" if not devices.device(target.device).gpu else "cuda-" + "-".join(target.archs)
-

@@ -1,4 +1,5 @@
-"""The weights of a shimgen package: its weights files mapped at import, load_weights(), and the state its graphs mutate.
+"""The weights of a shimgen package: its weights files mapped at import, load_weights(), and the state its graphs
+mutate.
 
 Shipped unchanged in every package built by shimgen. Each graph's extension takes its weights as one tensor of
 bytes per constant of Inductor's model, in the model's order, for its dynamic model and then each specialized
@@ -40,9 +41,20 @@ def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]
         header = json.loads(f.read(length))
     start = 8 + length
     data = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
-    dtypes = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64,
-              "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-              "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+    dtypes = {
+        "F64": torch.float64,
+        "F32": torch.float32,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "I64": torch.int64,
+        "I32": torch.int32,
+        "I16": torch.int16,
+        "I8": torch.int8,
+        "U8": torch.uint8,
+        "BOOL": torch.bool,
+        "F8_E4M3": torch.float8_e4m3fn,
+        "F8_E5M2": torch.float8_e5m2,
+    }
     tensors = {}
     for name, entry in header.items():
         if name == "__metadata__":
@@ -51,9 +63,12 @@ def read_safetensors(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]
         dtype = dtypes.get(entry["dtype"])
         if dtype is None:
             raise WeightsError(f"{path}: tensor '{name}' has dtype {entry['dtype']}, which torch cannot read")
-        raw = data[start + begin:start + end]
-        tensors[name] = raw.view(dtype).reshape(entry["shape"]) if (start + begin) % dtype.itemsize == 0 else \
-            raw.clone().view(dtype).reshape(entry["shape"])
+        raw = data[start + begin : start + end]
+        tensors[name] = (
+            raw.view(dtype).reshape(entry["shape"])
+            if (start + begin) % dtype.itemsize == 0
+            else raw.clone().view(dtype).reshape(entry["shape"])
+        )
     return tensors, header.get("__metadata__", {})
 
 
@@ -91,7 +106,11 @@ class Unit:
         variants = json.loads(metadata.get("variants", "{}"))
         given: list[list[Any]] = []
         for variant, constants in self.models:
-            to_entry = variants.get(variant) if variant else {c: e for e, c in json.loads(metadata.get("constants", "{}")).items()}
+            to_entry = (
+                variants.get(variant)
+                if variant
+                else {c: e for e, c in json.loads(metadata.get("constants", "{}")).items()}
+            )
             if to_entry is None:
                 return None
             given.append([])
@@ -103,7 +122,8 @@ class Unit:
         return given
 
     def plan(self, state: Mapping[str, Any]) -> list[list[torch.Tensor | None]]:
-        """The bytes of each model's constants taken from `state` (None: keeps its value), checked; one copy of each weight
+        """The bytes of each model's constants taken from `state` (None: keeps its value), checked; one copy of each
+        weight
         for all models."""
         derived = [c["fqn"] for c in self.constants if not c["plain"]]
         if derived:
@@ -124,8 +144,10 @@ class Unit:
         if not isinstance(value, torch.Tensor):
             raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is a {type(value).__name__}, not a tensor")
         if str(value.dtype).removeprefix("torch.") != c["dtype"] or tuple(value.shape) != tuple(c["shape"]):
-            raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is {str(value.dtype).removeprefix('torch.')}{list(value.shape)}, "
-                               f"the compiled model's is {c['dtype']}{list(c['shape'])}")
+            raise WeightsError(
+                f"graph {self.graph}: weight '{c['fqn']}' is {str(value.dtype).removeprefix('torch.')}{list(value.shape)}, "
+                f"the compiled model's is {c['dtype']}{list(c['shape'])}"
+            )
         device = "cpu" if self.device == "cpu" or not value.is_cuda else value.device
         # A copy: the model must not see later in-place changes to the caller's tensors (an optimizer step).
         return _as_bytes(value.detach().to(device, copy=True, memory_format=torch.contiguous_format))
@@ -134,13 +156,17 @@ class Unit:
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
         file = f"{self.name}.safetensors"
         if self.freezing:
-            return (f"graph {self.graph} was built with flags.freezing = true, which computed constants from the weights at build "
-                    f"time ({shown}: weights packed for their kernels, convolutions merged with their batch norms); they "
-                    "cannot be computed at load. Rebuild with the new weights (shimgen recompiles nothing when only weights "
-                    f"change) and load that build's {file}, or build with flags.freezing = false to replace weights from a "
-                    "state dict.")
-        return (f"graph {self.graph}: Inductor computed constants from the weights at build time ({shown}); they cannot be "
-                f"computed at load. Rebuild with the new weights and load that build's {file}.")
+            return (
+                f"graph {self.graph} was built with flags.freezing = true, which computed constants from the weights at build "
+                f"time ({shown}: weights packed for their kernels, convolutions merged with their batch norms); they "
+                "cannot be computed at load. Rebuild with the new weights (shimgen recompiles nothing when only weights "
+                f"change) and load that build's {file}, or build with flags.freezing = false to replace weights from a "
+                "state dict."
+            )
+        return (
+            f"graph {self.graph}: Inductor computed constants from the weights at build time ({shown}); they cannot be "
+            f"computed at load. Rebuild with the new weights and load that build's {file}."
+        )
 
 
 class Weights:
@@ -151,7 +177,8 @@ class Weights:
         with open(os.path.join(directory, MANIFEST)) as f:
             manifest = json.load(f)
         self.units = [Unit(package, directory, u, bool(manifest.get("freezing"))) for u in manifest["units"]]
-        # By (device, the module's graphs' state_owner), then weight name: the initial value (the file's bytes) and the live
+        # By (device, the module's graphs' state_owner), then weight name: the initial value (the file's bytes) and the
+        # live
         # tensor those graphs read and write.
         self.initial: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
         self.live: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
@@ -159,7 +186,9 @@ class Weights:
             if unit.file:
                 given = unit.from_file(*read_safetensors(unit.file))
                 if given is None:
-                    raise ImportError(f"{unit.file} does not hold the weights of graph {unit.graph}; reinstall the package")
+                    raise ImportError(
+                        f"{unit.file} does not hold the weights of graph {unit.graph}; reinstall the package"
+                    )
                 unit.module._set_weights(self._with_state(unit, given))
         groups = [group for group in (unit.module._state_group() for unit in self.units) if group is not None]
         for unit in self.units:
@@ -184,9 +213,12 @@ class Weights:
         return given
 
     def state(self, device: str | None = None, graph: str | None = None) -> dict[str, torch.Tensor]:
-        """Copies of the state the graphs mutate (buffers updated in place), by weight name, as the last call left it, on
-        `device` ('cpu' or 'cuda'; default: the first target's); of the module `graph` builds, or of every graph's. Where
-        graphs of different modules hold state of the same name, each is named '<graph>.<weight>' after the first of those
+        """Copies of the state the graphs mutate (buffers updated in place), by weight name, as the last call left it,
+        on
+        `device` ('cpu' or 'cuda'; default: the first target's); of the module `graph` builds, or of every graph's.
+        Where
+        graphs of different modules hold state of the same name, each is named '<graph>.<weight>' after the first of
+        those
         graphs."""
         units = [u for u in self.units if u.stateful]
         device = device or (units[0].device if units else "cpu")
@@ -200,13 +232,19 @@ class Weights:
                 for unit in units:
                     if unit.device == device and unit.state_owner == owner and device != "cpu":
                         held.update({name: t.clone() for name, t in unit.device_state().items()})
-                result.update({(name if owner == owners[0] or name not in result else f"{first.graph}.{name}"): t for name, t in held.items()})
+                result.update(
+                    {
+                        (name if owner == owners[0] or name not in result else f"{first.graph}.{name}"): t
+                        for name, t in held.items()
+                    }
+                )
 
         self._locked(read)
         return result
 
     def reset_state(self) -> None:
         """Put the state back to its initial values (those the package was built with), on every device."""
+
         def reset() -> None:
             for owner, live in self.live.items():
                 for name, t in live.items():
@@ -223,7 +261,9 @@ class Weights:
         if stateful:
             stateful[0].module._with_state_lock(fn)
 
-    def load(self, weights: Mapping[str, torch.Tensor] | str | os.PathLike[str], graphs: Iterable[str] | None = None) -> None:
+    def load(
+        self, weights: Mapping[str, torch.Tensor] | str | os.PathLike[str], graphs: Iterable[str] | None = None
+    ) -> None:
         """Replace the weights of the package's graphs (all, or those named) with `weights`: a state dict, a
         .safetensors file, or a checkpoint torch.load reads (weights only). Every parameter of each graph's model
         must be there with its dtype and shape; buffers left out keep their values. Calls running meanwhile
@@ -240,7 +280,9 @@ class Weights:
             else:
                 weights = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         if not isinstance(weights, Mapping):
-            raise TypeError(f"load_weights() takes a state dict or the path of a weights file, not {type(weights).__name__}")
+            raise TypeError(
+                f"load_weights() takes a state dict or the path of a weights file, not {type(weights).__name__}"
+            )
         plans = [(unit, unit.plan(weights)) for unit in units]
         known = {c["fqn"] for unit in units for c in unit.constants} | {name for unit in units for name in unit.unused}
         unknown = sorted(set(weights) - known)
@@ -249,12 +291,16 @@ class Weights:
         for unit, given in plans:
             unit.module._set_weights(self._with_state(unit, given))
 
-    def _load_file(self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str], units: list[Unit]) -> None:
+    def _load_file(
+        self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str], units: list[Unit]
+    ) -> None:
         read = [(unit, unit.from_file(tensors, metadata)) for unit in units]
         found = [(unit, given) for unit, given in read if given is not None]
         if not found:
-            raise WeightsError(f"{path} holds the weights of no graph in this package as it was built ({', '.join(u.name for u in units)}): "
-                               "it comes from a build of another model, or with other flags")
+            raise WeightsError(
+                f"{path} holds the weights of no graph in this package as it was built ({', '.join(u.name for u in units)}): "
+                "it comes from a build of another model, or with other flags"
+            )
         for unit, given in found:
             unit.module._set_weights(self._with_state(unit, given))
 
@@ -264,7 +310,9 @@ class Weights:
         names = [graphs] if isinstance(graphs, str) else list(graphs)
         missing = sorted(set(names) - {u.graph for u in self.units})
         if missing:
-            raise ValueError(f"no graph {', '.join(missing)} in this package (graphs: {', '.join(sorted({u.graph for u in self.units}))})")
+            raise ValueError(
+                f"no graph {', '.join(missing)} in this package (graphs: {', '.join(sorted({u.graph for u in self.units}))})"
+            )
         return [u for u in self.units if u.graph in names]
 
     def _unknown(self, names: list[str]) -> str:

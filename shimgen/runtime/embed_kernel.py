@@ -42,8 +42,11 @@ def main() -> int:
     built_for = int(found.group(1))
     older = [a for a in args.arch if int(a[3:].rstrip("a")) < built_for]
     if older:
-        print(f"error: kernel {args.ptx.stem} was generated on an sm_{built_for} GPU, and its PTX cannot be compiled for the "
-              f"older {', '.join(older)}; build on the oldest GPU you target", file=sys.stderr)
+        print(
+            f"error: kernel {args.ptx.stem} was generated on an sm_{built_for} GPU, and its PTX cannot be compiled for the "
+            f"older {', '.join(older)}; build on the oldest GPU you target",
+            file=sys.stderr,
+        )
         return 1
     specific = re.search(r"^\.target\s+sm_(\d+)a\b", text, re.M)
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,13 +57,19 @@ def main() -> int:
             native = f"sm_{specific.group(1)}a"
             others = [a for a in args.arch if a.rstrip("a") != native[:-1]]
             if others:
-                print(f"error: kernel {args.ptx.stem} uses {native}-only instructions (from the build GPU), so it cannot "
-                      f"be built for {', '.join(others)}; list only {native[:-1]} in archs, or build on that GPU.\n"
-                      + result.stderr.strip(), file=sys.stderr)
+                print(
+                    f"error: kernel {args.ptx.stem} uses {native}-only instructions (from the build GPU), so it cannot "
+                    f"be built for {', '.join(others)}; list only {native[:-1]} in archs, or build on that GPU.\n"
+                    + result.stderr.strip(),
+                    file=sys.stderr,
+                )
                 return 1
             result = fatbin(args.nvcc, args.ptx, [native], args.fatbin)
     if result.returncode != 0:
-        print(f"error: nvcc could not build kernel {args.ptx.stem} for {', '.join(args.arch)}:\n{result.stderr.strip()}", file=sys.stderr)
+        print(
+            f"error: nvcc could not build kernel {args.ptx.stem} for {', '.join(args.arch)}:\n{result.stderr.strip()}",
+            file=sys.stderr,
+        )
         return 1
 
     data = args.fatbin.read_bytes()

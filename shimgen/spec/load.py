@@ -41,16 +41,36 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # TOML's integer range
 MAX_SPEC_BYTES = 16 * 2**20  # a spec is a page of text; more is a wrong path (a model file, /dev/zero)
 MAX_NESTING = 64  # of arrays and tables in args/kwargs; the TOML parser itself recurses out near 450
 # Leading bytes of files passed by mistake, for a more useful message than "invalid byte".
-MAGIC = {b"\x7fELF": "an ELF binary (a program or compiled extension)", b"PK\x03\x04": "a zip archive (a wheel, or a .pt2?)",
-         b"\x1f\x8b": "a gzip archive", b"\xff\xfe": "UTF-16 text", b"\xfe\xff": "UTF-16 text"}
+MAGIC = {
+    b"\x7fELF": "an ELF binary (a program or compiled extension)",
+    b"PK\x03\x04": "a zip archive (a wheel, or a .pt2?)",
+    b"\x1f\x8b": "a gzip archive",
+    b"\xff\xfe": "UTF-16 text",
+    b"\xfe\xff": "UTF-16 text",
+}
 FLOAT32_MAX = 3.4028234663852886e38
-ITEM_BYTES = {"float64": 8, "int64": 8, "float32": 4, "int32": 4, "float16": 2, "bfloat16": 2, "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
+ITEM_BYTES = {
+    "float64": 8,
+    "int64": 8,
+    "float32": 4,
+    "int32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
 # Finite values of each dtype that random example values may take (integer `high` is exclusive).
 VALUE_RANGE = {
     "float32": (-FLOAT32_MAX, FLOAT32_MAX),
-    "bfloat16": (-3.3895313892515355e38, 3.3895313892515355e38), "float16": (-65504.0, 65504.0),
-    "int64": (INT64_MIN, INT64_MAX), "int32": (-(2**31), 2**31 - 1), "int16": (-(2**15), 2**15 - 1),
-    "int8": (-128, 127), "uint8": (0, 255),
+    "bfloat16": (-3.3895313892515355e38, 3.3895313892515355e38),
+    "float16": (-65504.0, 65504.0),
+    "int64": (INT64_MIN, INT64_MAX),
+    "int32": (-(2**31), 2**31 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "int8": (-128, 127),
+    "uint8": (0, 255),
 }
 
 
@@ -64,7 +84,9 @@ def load_spec(path: Path) -> ProjectSpec:
     except RecursionError:
         raise SpecError(str(path), "", "not valid TOML: arrays or tables nested too deeply to parse") from None
     except ValueError:  # int() refusing a literal of thousands of digits
-        raise SpecError(str(path), "", "not valid TOML: an integer has thousands of digits; TOML integers are 64-bit") from None
+        raise SpecError(
+            str(path), "", "not valid TOML: an integer has thousands of digits; TOML integers are 64-bit"
+        ) from None
     try:
         spec = convert(data, ProjectSpec, "")
         validate(spec)
@@ -79,7 +101,11 @@ def _read_text(path: Path) -> str:
     if path.is_dir():
         raise SpecError(str(path), "", "is a directory; give the spec file inside it, such as projects/mlp.toml")
     if not path.name.isprintable():  # also bytes that are not UTF-8, which Python keeps as unencodable surrogates
-        raise SpecError(str(path), "", "the file name is not printable UTF-8 text; rename the spec (the name goes into generated files)")
+        raise SpecError(
+            str(path),
+            "",
+            "the file name is not printable UTF-8 text; rename the spec (the name goes into generated files)",
+        )
     try:
         with path.open("rb") as f:
             data = f.read(MAX_SPEC_BYTES + 1)
@@ -97,8 +123,12 @@ def _read_text(path: Path) -> str:
         return data.decode("utf-8").removeprefix("\ufeff")  # editors on Windows write a byte order mark
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise SpecError(str(path), "", f"not UTF-8 text (invalid byte 0x{data[exc.start]:02x} at offset {exc.start}, "
-                        f"line {line}); save the spec as UTF-8") from None
+        raise SpecError(
+            str(path),
+            "",
+            f"not UTF-8 text (invalid byte 0x{data[exc.start]:02x} at offset {exc.start}, "
+            f"line {line}); save the spec as UTF-8",
+        ) from None
 
 
 def convert(value: Any, hint: Any, where: str) -> Any:
@@ -216,7 +246,9 @@ def validate(spec: ProjectSpec) -> None:
     _validate_targets(spec.target)
     _validate_flags(spec)
     if not 1 <= spec.runtime.instances <= INSTANCES_LIMIT:
-        raise SpecError("", "runtime.instances", f"instances must be from 1 to {INSTANCES_LIMIT}, got {spec.runtime.instances}")
+        raise SpecError(
+            "", "runtime.instances", f"instances must be from 1 to {INSTANCES_LIMIT}, got {spec.runtime.instances}"
+        )
     _validate_custom_ops(spec)
     _validate_matrix(spec)
 
@@ -231,14 +263,24 @@ def _validate_project(spec: ProjectSpec) -> None:
     try:
         version = Version(project.version)
     except InvalidVersion:
-        raise SpecError("", "project.version", f"'{project.version}' is not a PEP 440 version such as '1.0', '0.2.1' or '1.0rc1'") from None
+        raise SpecError(
+            "", "project.version", f"'{project.version}' is not a PEP 440 version such as '1.0', '0.2.1' or '1.0rc1'"
+        ) from None
     if version.local is not None:
-        raise SpecError("", "project.version", f"'{project.version}' has a local label (+{version.local}); shimgen labels each wheel "
-                        "with its torch and targets itself (+torch2.13.0.cpu.native)")
+        raise SpecError(
+            "",
+            "project.version",
+            f"'{project.version}' has a local label (+{version.local}); shimgen labels each wheel "
+            "with its torch and targets itself (+torch2.13.0.cpu.native)",
+        )
     if not project.description.isprintable():
         bad = next(c for c in project.description if not c.isprintable())
         what = "a line break" if f"a{bad}b".splitlines() != [f"a{bad}b"] else f"the control character {bad!r}"
-        raise SpecError("", "project.description", f"must be a single line of printable text (it is the wheel's Summary); it holds {what}")
+        raise SpecError(
+            "",
+            "project.description",
+            f"must be a single line of printable text (it is the wheel's Summary); it holds {what}",
+        )
 
 
 def _validate_graph(graph: Graph, where: str) -> None:
@@ -270,12 +312,18 @@ def _validate_graph(graph: Graph, where: str) -> None:
     count = math.prod(len(dim.specialize) for dim in graph.dims.values() if dim.specialize)
     if count > VARIANTS_LIMIT:
         lists = " x ".join(f"{len(d.specialize)} ({name})" for name, d in graph.dims.items() if d.specialize)
-        raise SpecError("", f"{where}.dims", f"{lists} = {count} specialized variants; at most {VARIANTS_LIMIT} per graph, each a compiled "
-                        "copy of the model: list fewer sizes")
+        raise SpecError(
+            "",
+            f"{where}.dims",
+            f"{lists} = {count} specialized variants; at most {VARIANTS_LIMIT} per graph, each a compiled "
+            "copy of the model: list fewer sizes",
+        )
     _check_example_bytes(graph, where, defaulted)
     for k, pattern in enumerate(graph.depends):
         if not pattern or pattern.startswith(("/", "~")):
-            raise SpecError("", f"{where}.depends[{k}]", f"'{pattern}' is not a glob pattern relative to the spec's directory")
+            raise SpecError(
+                "", f"{where}.depends[{k}]", f"'{pattern}' is not a glob pattern relative to the spec's directory"
+            )
     for name in ("atol", "rtol"):
         if getattr(graph, name) < 0:
             raise SpecError("", f"{where}.{name}", f"tolerances must not be negative, got {getattr(graph, name)}")
@@ -285,7 +333,11 @@ def _validate_input(inp: Input, graph: Graph, iw: str) -> None:
     for k, size in enumerate(inp.shape):
         if isinstance(size, str):
             if size not in graph.dims:
-                raise SpecError("", f"{iw}.shape[{k}]", f"'{size}' is not a dim of this graph (dims: {', '.join(graph.dims) or 'none'})")
+                raise SpecError(
+                    "",
+                    f"{iw}.shape[{k}]",
+                    f"'{size}' is not a dim of this graph (dims: {', '.join(graph.dims) or 'none'})",
+                )
         elif size < 0:
             raise SpecError("", f"{iw}.shape[{k}]", f"size {size} is negative")
     if inp.memory_format == "channels_last" and len(inp.shape) != 4:
@@ -298,7 +350,9 @@ def _validate_value_range(inp: Input, iw: str) -> None:
     if inp.dtype == "bool":
         for name in ("low", "high"):
             if getattr(inp, name) is not None:
-                raise SpecError("", f"{iw}.{name}", "bool inputs take random true/false values; low and high do not apply")
+                raise SpecError(
+                    "", f"{iw}.{name}", "bool inputs take random true/false values; low and high do not apply"
+                )
         return
     integer = inp.dtype not in ("float64", "float32", "float16", "bfloat16")
     low = inp.low if inp.low is not None else (0 if integer else -1.0)
@@ -310,14 +364,26 @@ def _validate_value_range(inp: Input, iw: str) -> None:
         # high is exclusive, and torch.randint takes it as an int64
         limit = min(top + 1, INT64_MAX) if integer and name == "high" else top
         if not bottom <= value <= limit:
-            span = f"[{bottom}, {top}]: low >= {bottom}, high (exclusive) <= {limit}" if integer else f"[{bottom:.7g}, {top:.7g}]"
+            span = (
+                f"[{bottom}, {top}]: low >= {bottom}, high (exclusive) <= {limit}"
+                if integer
+                else f"[{bottom:.7g}, {top:.7g}]"
+            )
             raise SpecError("", f"{iw}.{name}", f"{name} {value} is outside {inp.dtype}'s values {span}")
     if low >= high:
         key = "low" if inp.low is not None else "high"
-        raise SpecError("", f"{iw}.{key}", f"low {low} must be below high {high}" + ("" if inp.low is not None and inp.high is not None
-                                                                                     else " (the other bound is the default)"))
+        raise SpecError(
+            "",
+            f"{iw}.{key}",
+            f"low {low} must be below high {high}"
+            + ("" if inp.low is not None and inp.high is not None else " (the other bound is the default)"),
+        )
     if not integer and high - low > FLOAT32_MAX:
-        raise SpecError("", f"{iw}.high", f"high - low is beyond the largest float32 ({FLOAT32_MAX:.7g}), in which example values are drawn")
+        raise SpecError(
+            "",
+            f"{iw}.high",
+            f"high - low is beyond the largest float32 ({FLOAT32_MAX:.7g}), in which example values are drawn",
+        )
 
 
 def _validate_dim(name: str, dim: Dim, dw: str) -> None:
@@ -330,11 +396,18 @@ def _validate_dim(name: str, dim: Dim, dw: str) -> None:
     if dim.max < dim.min:
         raise SpecError("", f"{dw}.max", f"max {dim.max} is below min {dim.min}")
     if dim.max == dim.min:
-        raise SpecError("", f"{dw}.max", f"max equals min ({dim.min}): a size that never changes is static; "
-                        f"write {dim.min} in the input shapes instead of '{name}'")
+        raise SpecError(
+            "",
+            f"{dw}.max",
+            f"max equals min ({dim.min}): a size that never changes is static; "
+            f"write {dim.min} in the input shapes instead of '{name}'",
+        )
     if dim.max > DIM_SIZE_LIMIT:
-        raise SpecError("", f"{dw}.max",
-                        f"max {dim.max} is beyond {DIM_SIZE_LIMIT} (2**63 - 2), the largest dim size torch.export supports (sys.maxsize - 1)")
+        raise SpecError(
+            "",
+            f"{dw}.max",
+            f"max {dim.max} is beyond {DIM_SIZE_LIMIT} (2**63 - 2), the largest dim size torch.export supports (sys.maxsize - 1)",
+        )
     _multiple(dim.min, step, f"{dw}.min", 1)
     _multiple(dim.max, step, f"{dw}.max", dim.min + 1)
     for k, size in enumerate(dim.specialize):
@@ -349,7 +422,9 @@ def _validate_dim(name: str, dim: Dim, dw: str) -> None:
     if not dim.min <= dim.example <= dim.max:
         raise SpecError("", f"{dw}.example", f"example {dim.example} is outside [{dim.min}, {dim.max}]")
     if dim.example < 2:
-        raise SpecError("", f"{dw}.example", f"example {dim.example} is below 2 (torch.export specializes sizes 0 and 1)")
+        raise SpecError(
+            "", f"{dw}.example", f"example {dim.example} is below 2 (torch.export specializes sizes 0 and 1)"
+        )
     _multiple(dim.example, step, f"{dw}.example", max(2, dim.min), dim.max)
 
 
@@ -366,7 +441,10 @@ def _multiple(value: int, step: int, where: str, lowest: int, highest: int = DIM
 
 def input_bytes(graph: Graph, sizes: dict[str, int]) -> list[int]:
     """Bytes of each input with the dynamic dims at `sizes`."""
-    return [math.prod(sizes[s] if isinstance(s, str) else s for s in inp.shape) * ITEM_BYTES[inp.dtype] for inp in graph.inputs]
+    return [
+        math.prod(sizes[s] if isinstance(s, str) else s for s in inp.shape) * ITEM_BYTES[inp.dtype]
+        for inp in graph.inputs
+    ]
 
 
 def _check_example_bytes(graph: Graph, where: str, defaulted: set[str]) -> None:
@@ -379,28 +457,36 @@ def _check_example_bytes(graph: Graph, where: str, defaulted: set[str]) -> None:
         each = input_bytes(graph, smallest)
         j = each.index(max(each))
         even = ", even with every dim at its smallest example" if graph.dims else ""
-        raise SpecError("", f"{where}.inputs[{j}].shape", f"{_too_big(graph, j, smallest)}{even}; make the static sizes smaller")
+        raise SpecError(
+            "", f"{where}.inputs[{j}].shape", f"{_too_big(graph, j, smallest)}{even}; make the static sizes smaller"
+        )
     name = max(graph.dims, key=lambda n: sizes[n] / smallest[n])
     each = input_bytes(graph, sizes)
     j = max((k for k, inp in enumerate(graph.inputs) if name in inp.shape), key=lambda k: each[k])
     default = f" (now the middle of [min, max], {sizes[name]})" if name in defaulted else ""
-    raise SpecError("", f"{where}.dims.{name}.example", f"{_too_big(graph, j, sizes)}; set dims.{name}.example{default} "
-                    "to a smaller size: the package still takes every size up to max")
+    raise SpecError(
+        "",
+        f"{where}.dims.{name}.example",
+        f"{_too_big(graph, j, sizes)}; set dims.{name}.example{default} "
+        "to a smaller size: the package still takes every size up to max",
+    )
 
 
 def _too_big(graph: Graph, j: int, sizes: dict[str, int]) -> str:
     inp = graph.inputs[j]
     shape = ", ".join(str(s) if isinstance(s, int) else f"{s}={sizes[s]}" for s in inp.shape)
-    return (f"the example inputs take {_bytes_text(sum(input_bytes(graph, sizes)))} ({inp.name}: {inp.dtype}[{shape}]), "
-            f"beyond the {_bytes_text(EXAMPLE_BYTES_LIMIT)} shimgen allocates to trace")
+    return (
+        f"the example inputs take {_bytes_text(sum(input_bytes(graph, sizes)))} ({inp.name}: {inp.dtype}[{shape}]), "
+        f"beyond the {_bytes_text(EXAMPLE_BYTES_LIMIT)} shimgen allocates to trace"
+    )
 
 
 def _bytes_text(n: int) -> str:
     """'4 GiB', '64.5 TiB'."""
     unit = 0
-    while n >= 1024 * 2**(10 * unit) and unit < 6:
+    while n >= 1024 * 2 ** (10 * unit) and unit < 6:
         unit += 1
-    value = f"{n / 2**(10 * unit):.1f}".removesuffix(".0")
+    value = f"{n / 2 ** (10 * unit):.1f}".removesuffix(".0")
     return f"{value} {('bytes', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB')[unit]}"
 
 
@@ -409,7 +495,11 @@ def _validate_targets(targets: list[Target]) -> None:
     for i, target in enumerate(targets):
         where = f"target[{i}]"
         if target.device in devices:
-            raise SpecError("", f"{where}.device", f"a second '{target.device}' target: build one package per {target.device} variant")
+            raise SpecError(
+                "",
+                f"{where}.device",
+                f"a second '{target.device}' target: build one package per {target.device} variant",
+            )
         devices.add(target.device)
         if not device(target.device).gpu:
             if target.archs:
@@ -419,7 +509,7 @@ def _validate_targets(targets: list[Target]) -> None:
             if target.isa is not None:
                 raise SpecError("", f"{where}.isa", "isa applies to cpu targets only")
             if not target.archs:
-                raise SpecError("", f"{where}.archs", "a cuda target needs archs, such as [\"sm_90\"]")
+                raise SpecError("", f"{where}.archs", 'a cuda target needs archs, such as ["sm_90"]')
             for k, arch in enumerate(target.archs):
                 if not (arch.startswith("sm_") and arch[3:].rstrip("a").isdigit()):
                     raise SpecError("", f"{where}.archs[{k}]", f"'{arch}' is not a CUDA arch such as 'sm_90'")
@@ -434,11 +524,15 @@ def _validate_flags(spec: ProjectSpec) -> None:
         raise SpecError("", "flags.split", f"split must be at least 1, got {flags.split}")
     for name in ("tma", "cuda_graphs"):
         if getattr(flags, name) and cuda is None:
-            raise SpecError("", f"flags.{name}", f"{name} applies to cuda targets only; add a [[target]] with device = \"cuda\"")
+            raise SpecError(
+                "", f"flags.{name}", f'{name} applies to cuda targets only; add a [[target]] with device = "cuda"'
+            )
     if flags.tma:
         without = [a for a in cuda.archs if arch_number(a) < 90]  # type: ignore[union-attr]
         if without:
-            raise SpecError("", "flags.tma", f"TMA needs Hopper or newer (sm_90+); the cuda target lists {', '.join(without)}")
+            raise SpecError(
+                "", "flags.tma", f"TMA needs Hopper or newer (sm_90+); the cuda target lists {', '.join(without)}"
+            )
 
 
 CXX_SUFFIXES = (".cpp", ".cc", ".cxx")
@@ -451,16 +545,30 @@ def _validate_custom_ops(spec: ProjectSpec) -> None:
     for i, op in enumerate(spec.custom_op):
         where = f"custom_op[{i}]"
         if not op.sources and op.module is None:
-            raise SpecError("", where, "give `sources` (C++/CUDA files defining ops with TORCH_LIBRARY) or `module` (a Python module), or both")
+            raise SpecError(
+                "",
+                where,
+                "give `sources` (C++/CUDA files defining ops with TORCH_LIBRARY) or `module` (a Python module), or both",
+            )
         for k, source in enumerate(op.sources):
             suffix = Path(source).suffix
             if suffix == ".cu" and not cuda:
-                raise SpecError("", f"{where}.sources[{k}]", f"'{source}' is CUDA: .cu sources need a [[target]] with device = \"cuda\"")
+                raise SpecError(
+                    "",
+                    f"{where}.sources[{k}]",
+                    f"'{source}' is CUDA: .cu sources need a [[target]] with device = \"cuda\"",
+                )
             if suffix not in (*CXX_SUFFIXES, ".cu"):
-                raise SpecError("", f"{where}.sources[{k}]", f"'{source}' is not a C++ ({', '.join(CXX_SUFFIXES)}) or CUDA (.cu) source")
+                raise SpecError(
+                    "",
+                    f"{where}.sources[{k}]",
+                    f"'{source}' is not a C++ ({', '.join(CXX_SUFFIXES)}) or CUDA (.cu) source",
+                )
         if op.module is not None:
             if not op.module or not all(p.isidentifier() for p in op.module.split(".")):
-                raise SpecError("", f"{where}.module", f"'{op.module}' is not a Python module name such as 'my_ops' or 'pkg.ops'")
+                raise SpecError(
+                    "", f"{where}.module", f"'{op.module}' is not a Python module name such as 'my_ops' or 'pkg.ops'"
+                )
             if op.module in modules:
                 raise SpecError("", f"{where}.module", f"module '{op.module}' is listed twice")
             modules.add(op.module)
@@ -529,5 +637,8 @@ def _type_name(hint: Any) -> str:
 
 def _value_name(value: Any) -> str:
     kind = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
-    return f"{kind.get(type(value), type(value).__name__)} ({value!r})" if not isinstance(value, (list, dict)) else kind[type(value)]
-
+    return (
+        f"{kind.get(type(value), type(value).__name__)} ({value!r})"
+        if not isinstance(value, (list, dict))
+        else kind[type(value)]
+    )

@@ -11,8 +11,16 @@ from typing import Any, Literal
 
 # Spec dtype -> c10::ScalarType enumerator: the binding's checks and messages are rendered from it.
 SCALAR_TYPES = {
-    "float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int64": "Long",
-    "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool",
+    "float32": "Float",
+    "float64": "Double",
+    "float16": "Half",
+    "bfloat16": "BFloat16",
+    "int64": "Long",
+    "int32": "Int",
+    "int16": "Short",
+    "int8": "Char",
+    "uint8": "Byte",
+    "bool": "Bool",
 }
 DTYPES = tuple(SCALAR_TYPES)
 OptLevel = Literal["O0", "O1", "O2", "O3", "Os"]
@@ -254,7 +262,9 @@ class Matrix:
         "against one exact torch. Default: the torch shimgen runs with.",
         default_factory=list,
     )
-    python: list[str] = doc("Python versions such as '3.11'. Default: the Python shimgen runs with.", default_factory=list)
+    python: list[str] = doc(
+        "Python versions such as '3.11'. Default: the Python shimgen runs with.", default_factory=list
+    )
     cuda: list[str] = doc(
         "CUDA versions of the torch builds for the cuda target, such as '13.0'. Default: the CUDA of the torch shimgen "
         "runs with; required where that torch is a CPU build.",
@@ -271,5 +281,7 @@ class ProjectSpec:
     target: list[Target] = doc("Devices to build for. Default: one native CPU target.", default_factory=list)
     flags: Flags = doc("Compile options.", default_factory=Flags)
     runtime: Runtime = doc("Behaviour of the generated package.", default_factory=Runtime)
-    custom_op: list[CustomOp] = doc("Custom ops the graphs call: C++/CUDA sources or a Python module.", default_factory=list)
+    custom_op: list[CustomOp] = doc(
+        "Custom ops the graphs call: C++/CUDA sources or a Python module.", default_factory=list
+    )
     matrix: Matrix = doc("The CI build matrix: torch, Python and CUDA versions.", default_factory=Matrix)

@@ -55,7 +55,9 @@ class Toolchain:
             # Without these ccache compiles every translation unit that force-includes a precompiled header itself,
             # uncached: nearly all of a generated project's.
             sloppiness = {s for s in env.get("CCACHE_SLOPPINESS", "").split(",") if s}
-            env["CCACHE_SLOPPINESS"] = ",".join(sorted(sloppiness | {"pch_defines", "time_macros", "include_file_mtime", "include_file_ctime"}))
+            env["CCACHE_SLOPPINESS"] = ",".join(
+                sorted(sloppiness | {"pch_defines", "time_macros", "include_file_mtime", "include_file_ctime"})
+            )
         return env
 
 
@@ -75,8 +77,10 @@ def supported_torch() -> SpecifierSet:
 def check_torch_supported(version: str) -> None:
     supported = supported_torch()
     if version not in supported:
-        raise UserError(f"torch {version} is installed; this shimgen supports torch{supported} (pyproject.toml): install one of those "
-                        "or a shimgen release for this torch")
+        raise UserError(
+            f"torch {version} is installed; this shimgen supports torch{supported} (pyproject.toml): install one of those "
+            "or a shimgen release for this torch"
+        )
 
 
 def compiler_cache() -> str | None:

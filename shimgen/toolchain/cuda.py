@@ -33,8 +33,12 @@ class CudaToolchain:
     @property
     def lib_dirs(self) -> list[str]:
         """Where libcuda's link stub lives: the driver itself is found at run time."""
-        candidates = [self.home / "lib64", self.home / "lib64/stubs", self.home / "targets/x86_64-linux/lib",
-                      self.home / "targets/x86_64-linux/lib/stubs"]
+        candidates = [
+            self.home / "lib64",
+            self.home / "lib64/stubs",
+            self.home / "targets/x86_64-linux/lib",
+            self.home / "targets/x86_64-linux/lib/stubs",
+        ]
         return [str(p) for p in candidates if p.is_dir()]
 
 
@@ -59,7 +63,9 @@ def detect_cuda() -> CudaToolchain:
     for failed in (r for r in (version_text, codes) if not r.ok):
         raise UserError(f"{nvcc} does not run: {failed.tail(1)}")
     version = re.search(r"release (\d+\.\d+)", version_text.output)
-    return CudaToolchain(nvcc=nvcc, version=version.group(1) if version else "unknown", codes=tuple(codes.output.split()))
+    return CudaToolchain(
+        nvcc=nvcc, version=version.group(1) if version else "unknown", codes=tuple(codes.output.split())
+    )
 
 
 def torch_cuda_version() -> str:
@@ -68,7 +74,9 @@ def torch_cuda_version() -> str:
     torch_dir = Path(spec.submodule_search_locations[0])  # type: ignore[union-attr, index]
     found = re.search(r"^cuda\s*(?::[^=]*)?=\s*'([\d.]+)'", (torch_dir / "version.py").read_text(), re.M)
     if not found or not (torch_dir / "lib" / "libtorch_cuda.so").is_file():
-        raise UserError(f"the installed torch at {torch_dir} has no CUDA support; cuda targets need a CUDA build of torch")
+        raise UserError(
+            f"the installed torch at {torch_dir} has no CUDA support; cuda targets need a CUDA build of torch"
+        )
     return found.group(1)
 
 
@@ -77,5 +85,8 @@ def check_archs(cuda: CudaToolchain, target: Target, where: str) -> None:
     plain = {code.rstrip("a") for code in cuda.codes}
     for k, arch in enumerate(target.archs):
         if arch.rstrip("a") not in plain:
-            raise SpecError("", f"{where}.archs[{k}]",
-                            f"nvcc {cuda.version} ({cuda.nvcc}) cannot target {arch}; it can target {', '.join(cuda.codes)}")
+            raise SpecError(
+                "",
+                f"{where}.archs[{k}]",
+                f"nvcc {cuda.version} ({cuda.nvcc}) cannot target {arch}; it can target {', '.join(cuda.codes)}",
+            )

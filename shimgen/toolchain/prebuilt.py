@@ -20,23 +20,34 @@ from shimgen.spec import Flags, Target
 from shimgen.toolchain import Toolchain, cache_dir, runtime_lib
 
 
-def ensure(tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiting: Callable[[str], None] | None = None) -> Prebuilt:
+def ensure(
+    tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiting: Callable[[str], None] | None = None
+) -> Prebuilt:
     """The prebuilt pieces for `target`, whose `units` must share one runtime interface."""
     interfaces = {code.interface.read_bytes() for u in units for _, code in u.generated}
     if len(interfaces) != 1:
         raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
     interface = interfaces.pop()
     compile_args = units[0].code.compile_args
-    key = hashlib.sha256(json.dumps([tc.key, target.device, compile_args, flags.wrapper_opt, flags.kernel_opt, flags.pch,
-                                     shimgen_fingerprint()]).encode() + interface).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(
+            [tc.key, target.device, compile_args, flags.wrapper_opt, flags.kernel_opt, flags.pch, shimgen_fingerprint()]
+        ).encode()
+        + interface
+    ).hexdigest()[:16]
     root = cache_dir().parent / "prebuilt" / key
     with exclusive(root.with_name(f"{key}.lock"), waiting):
         if not (root / "done").is_file():
             _build(tc, target.device, compile_args, flags, interface, root)
     built = root / "build"
     runtime = runtime_lib.ensure(tc, target.device, waiting)  # shared by every flag set
-    return Prebuilt(key=key, interface_lib=built / "libaoti_interface.a", wrapper_pch=_pch(built, "wrapper") if flags.pch else None,
-                    kernel_pch=_pch(built, "kernel") if flags.pch else None, runtime_libs=tuple(runtime.link_order))
+    return Prebuilt(
+        key=key,
+        interface_lib=built / "libaoti_interface.a",
+        wrapper_pch=_pch(built, "wrapper") if flags.pch else None,
+        kernel_pch=_pch(built, "kernel") if flags.pch else None,
+        runtime_libs=tuple(runtime.link_order),
+    )
 
 
 def _build(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, root: Path) -> None:
@@ -53,5 +64,7 @@ def _build(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, in
 def _pch(build_dir: Path, flavor: str) -> Path:
     gch = next(build_dir.glob(f"*{flavor}_pch*.p/{flavor}_pch.h.gch"), None)
     if gch is None:
-        raise BuildError(f"precompiled header {flavor}_pch.h.gch missing under {build_dir}; remove {build_dir.parent} and rebuild")
+        raise BuildError(
+            f"precompiled header {flavor}_pch.h.gch missing under {build_dir}; remove {build_dir.parent} and rebuild"
+        )
     return gch.with_suffix("")

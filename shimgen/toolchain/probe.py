@@ -42,9 +42,11 @@ def select(waiting: Callable[[str], None] | None = None) -> tuple[Toolchain, lis
         if verdict.ok:
             return tc, verdicts
     lines = "\n".join(f"  {v.cxx} ({v.identity}): {v.reason}" for v in verdicts)
-    raise UserError(f"the toolchain probe (a torch extension built and loaded like a generated package's) failed with every C++ compiler here:\n"
-                    f"{lines}\nFix: install a compiler that matches this Python's libstdc++ (the system g++), or set CXX to one; "
-                    "`shimgen doctor --refresh` proves them again.")
+    raise UserError(
+        f"the toolchain probe (a torch extension built and loaded like a generated package's) failed with every C++ compiler here:\n"
+        f"{lines}\nFix: install a compiler that matches this Python's libstdc++ (the system g++), or set CXX to one; "
+        "`shimgen doctor --refresh` proves them again."
+    )
 
 
 def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[str], None] | None = None) -> Verdict:
@@ -77,14 +79,31 @@ def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdi
     try:
         build(source, build_dir, tc, "the toolchain probe")
     except BuildFailure as failure:
-        lasting = not failure.completed.interrupted and "already using this build directory" not in failure.completed.output
-        return Verdict(cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"{failure.step} failed: {_one_line(failure.detail)}"), lasting
+        lasting = (
+            not failure.completed.interrupted and "already using this build directory" not in failure.completed.output
+        )
+        return Verdict(
+            cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"{failure.step} failed: {_one_line(failure.detail)}"
+        ), lasting
     loaded = run([tc.python, str(source / "check_probe.py"), str(build_dir)], env=tc.env())
     if loaded.ok:
-        return Verdict(cxx=tc.cxx, identity=tc.cxx_identity, ok=True, reason="builds and loads the probe", runtime_lib=str(target_file(build_dir, "shimgen_runtime"))), True
+        return Verdict(
+            cxx=tc.cxx,
+            identity=tc.cxx_identity,
+            ok=True,
+            reason="builds and loads the probe",
+            runtime_lib=str(target_file(build_dir, "shimgen_runtime")),
+        ), True
     if loaded.signal:
-        return Verdict(cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"extensions it builds crash when loaded (signal {loaded.signal})"), not loaded.interrupted
-    return Verdict(cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"the probe extension does not load: {loaded.tail(1)}"), True
+        return Verdict(
+            cxx=tc.cxx,
+            identity=tc.cxx_identity,
+            ok=False,
+            reason=f"extensions it builds crash when loaded (signal {loaded.signal})",
+        ), not loaded.interrupted
+    return Verdict(
+        cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"the probe extension does not load: {loaded.tail(1)}"
+    ), True
 
 
 def _one_line(detail: str) -> str:

@@ -18,7 +18,7 @@ from shimgen.toolchain import Toolchain, cache_dir
 @dataclass(frozen=True, kw_only=True)
 class RuntimeLibrary:
     key: str
-    core: Path    # libshimgen_core.a: the runtime over at::Tensor, no Python
+    core: Path  # libshimgen_core.a: the runtime over at::Tensor, no Python
     python: Path  # libshimgen_python.a: the CPython face over the core
 
     @property

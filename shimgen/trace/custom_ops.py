@@ -31,10 +31,21 @@ _loaded: dict[Path, str] = {}  # library → hash when this process loaded it
 _NO_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
 
 
-def prepare(spec: ProjectSpec, spec_dir: Path, spec_file: str, root: Path, tc: Toolchain, cuda: CudaToolchain | None,
-            launcher: str | None, report: Callable[[str], None]) -> CustomOps:
+def prepare(
+    spec: ProjectSpec,
+    spec_dir: Path,
+    spec_file: str,
+    root: Path,
+    tc: Toolchain,
+    cuda: CudaToolchain | None,
+    launcher: str | None,
+    report: Callable[[str], None],
+) -> CustomOps:
     """Build the entries' libraries under `root` (a failed compile leaves the last good ones), load them, import the modules."""
-    sources = [[_source(spec_dir, s, f"custom_op[{i}].sources[{k}]") for k, s in enumerate(op.sources)] for i, op in enumerate(spec.custom_op)]
+    sources = [
+        [_source(spec_dir, s, f"custom_op[{i}].sources[{k}]") for k, s in enumerate(op.sources)]
+        for i, op in enumerate(spec.custom_op)
+    ]
     libraries: dict[int, Path] = {}
     if any(sources):
         project, build_dir = root / "project", root / "meson"
@@ -51,7 +62,11 @@ def prepare(spec: ProjectSpec, spec_dir: Path, spec_file: str, root: Path, tc: T
             load_library(libraries[i], where)
             new = _schemas() - before
             if not new:
-                raise SpecError("", f"{where}.sources", "the sources register no op (define them with TORCH_LIBRARY(ns, m) { m.def(...); })")
+                raise SpecError(
+                    "",
+                    f"{where}.sources",
+                    "the sources register no op (define them with TORCH_LIBRARY(ns, m) { m.def(...); })",
+                )
             for name in sorted(new):
                 meta = any(internals.has_kernel(name, k) for k in ("Meta", "CompositeImplicitAutograd"))
                 defined.append(DefinedOp(name=name, entry=i, module=None))
@@ -63,13 +78,19 @@ def prepare(spec: ProjectSpec, spec_dir: Path, spec_file: str, root: Path, tc: T
             fakes += [(str(p), file_hash(p)) for p in sorted(files)]
             defined += [DefinedOp(name=name, entry=i, module=op.module) for name in sorted(_schemas() - before)]
     schemas = sorted(str(internals.op_schema(d.name)) for d in defined)
-    return CustomOps(key=stage_key(schemas, sorted(set(fakes))), libraries=tuple(libraries[i] for i in sorted(libraries)), ops=tuple(defined))
+    return CustomOps(
+        key=stage_key(schemas, sorted(set(fakes))),
+        libraries=tuple(libraries[i] for i in sorted(libraries)),
+        ops=tuple(defined),
+    )
 
 
 def _source(spec_dir: Path, source: str, where: str) -> Path:
     path = (spec_dir / source).resolve()
     if not path.is_file():
-        raise SpecError("", where, f"'{source}' does not exist (paths are relative to the spec's directory, {spec_dir})")
+        raise SpecError(
+            "", where, f"'{source}' does not exist (paths are relative to the spec's directory, {spec_dir})"
+        )
     return path
 
 
@@ -88,7 +109,9 @@ def load_library(library: Path, where: str) -> None:
     try:
         torch.ops.load_library(str(library))
     except (OSError, RuntimeError) as exc:
-        raise SpecError("", f"{where}.sources", f"the library built from them does not load: {str(exc).strip().splitlines()[0]}") from None
+        raise SpecError(
+            "", f"{where}.sources", f"the library built from them does not load: {str(exc).strip().splitlines()[0]}"
+        ) from None
     _loaded[library] = digest
 
 
@@ -97,7 +120,11 @@ def _import(module: str, spec_dir: Path, where: str) -> set[Path]:
         return import_once(module, spec_dir)
     except ModuleNotFoundError as exc:
         if exc.name and module.startswith(exc.name):
-            raise SpecError("", f"{where}.module", f"no module named '{exc.name}' in the spec's directory ({spec_dir}) or the environment") from None
+            raise SpecError(
+                "",
+                f"{where}.module",
+                f"no module named '{exc.name}' in the spec's directory ({spec_dir}) or the environment",
+            ) from None
         raise SpecError("", f"{where}.module", f"cannot import '{module}': {describe(exc, spec_dir)}") from None
     except (Exception, SystemExit) as exc:
         raise SpecError("", f"{where}.module", f"cannot import '{module}': {describe(exc, spec_dir)}") from None
@@ -109,15 +136,21 @@ def explain_trace_failure(message: str, ops: CustomOps) -> str | None:
     if missing:
         ns, name = missing.groups()
         known = ", ".join(d.name for d in ops.ops) or "none"
-        return (f"the model calls torch.ops.{ns}.{name}, which no [[custom_op]] registers (they register: {known}); "
-                "define it in an entry's sources (TORCH_LIBRARY) or module (torch.library.custom_op)")
+        return (
+            f"the model calls torch.ops.{ns}.{name}, which no [[custom_op]] registers (they register: {known}); "
+            "define it in an entry's sources (TORCH_LIBRARY) or module (torch.library.custom_op)"
+        )
     for d in ops.ops:
         dotted = d.name.replace("::", ".") + ("" if "." in d.name else ".default")  # how FakeTensor names it
-        if (d.name in message and ("fake" in message or "Meta" in message)) or f"UnsupportedOperatorException: {dotted}" in message:
+        if (
+            d.name in message and ("fake" in message or "Meta" in message)
+        ) or f"UnsupportedOperatorException: {dotted}" in message:
             entry = f"custom_op[{d.entry}]"
-            return (f"{d.name} ({entry}) has no fake implementation, which tracing needs for its output's shapes: register "
-                    f"one with torch.library.register_fake(\"{d.name}\") in a module, or a Meta kernel with "
-                    f"TORCH_LIBRARY_IMPL({d.name.split('::')[0]}, Meta, m)")
+            return (
+                f"{d.name} ({entry}) has no fake implementation, which tracing needs for its output's shapes: register "
+                f'one with torch.library.register_fake("{d.name}") in a module, or a Meta kernel with '
+                f"TORCH_LIBRARY_IMPL({d.name.split('::')[0]}, Meta, m)"
+            )
     return None
 
 
@@ -132,8 +165,10 @@ def run_time_modules(called: list[str], ops: CustomOps | None) -> tuple[str, ...
         if defined is not None:
             module = defined.module
         elif (where := internals.python_custom_op_file(target)) is not None:
-            raise UserError(f"the graph calls {target}, a Python custom op defined in {where}, which the package would have to import "
-                            "when it loads: name its module in a [[custom_op]] entry (module = \"...\")")
+            raise UserError(
+                f"the graph calls {target}, a Python custom op defined in {where}, which the package would have to import "
+                'when it loads: name its module in a [[custom_op]] entry (module = "...")'
+            )
         else:
             ns = target.split("::")[0]
             module = ns if ns in sys.modules and ns not in ("aten", "prims", "torch") else None

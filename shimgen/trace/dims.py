@@ -36,7 +36,9 @@ def export_dims(graph: Graph) -> dict[str, Any]:
         if d.multiple_of == 1:
             dims[name] = torch.export.Dim(name, min=d.min, max=d.max)
         else:
-            base = torch.export.Dim(f"{name}_over_{d.multiple_of}", min=d.min // d.multiple_of, max=d.max // d.multiple_of)
+            base = torch.export.Dim(
+                f"{name}_over_{d.multiple_of}", min=d.min // d.multiple_of, max=d.max // d.multiple_of
+            )
             dims[name] = d.multiple_of * base
     return dims
 
@@ -68,7 +70,9 @@ class RangeError(SpecError):
     """A dim whose declared range the model cannot take as a whole: the condition it needs, and the smallest size of the
     range that meets it where only the sizes below it fail (the build makes those sizes variants of their own)."""
 
-    def __init__(self, file: str, where: str, message: str, dim: str = "", condition: str = "", raised_min: int | None = None) -> None:
+    def __init__(
+        self, file: str, where: str, message: str, dim: str = "", condition: str = "", raised_min: int | None = None
+    ) -> None:
         super().__init__(file, where, message)
         self.dim, self.condition, self.raised_min = dim, condition, raised_min
 
@@ -84,11 +88,21 @@ def range_error(graph: Graph, where: str, name: str, condition: str, fix: str) -
     dim = graph.dims[name]
     need = f"; write {fix}" if fix else "; narrow the range, or change the model so that it takes every size in it"
     found = _RANGE_FIX.match(fix)
-    raised = (found and found[1] == name and int(found[3]) == dim.max and int(found[4] or 1) == dim.multiple_of
-              and int(found[2]) > dim.min)
-    return RangeError("", f"{where}.dims.{name}",
-                      f"the model cannot take every size of '{name}' in [{dim.min}, {dim.max}]: it needs {condition}{need}",
-                      name, condition, int(found[2]) if raised and found else None)
+    raised = (
+        found
+        and found[1] == name
+        and int(found[3]) == dim.max
+        and int(found[4] or 1) == dim.multiple_of
+        and int(found[2]) > dim.min
+    )
+    return RangeError(
+        "",
+        f"{where}.dims.{name}",
+        f"the model cannot take every size of '{name}' in [{dim.min}, {dim.max}]: it needs {condition}{need}",
+        name,
+        condition,
+        int(found[2]) if raised and found else None,
+    )
 
 
 def _bound_fix(condition: str, graph: Graph) -> str:
@@ -156,13 +170,25 @@ def _readable(guard: str, graph: Graph) -> str:
 
 def _first_lines(exc: Exception, graph: Graph) -> str:
     lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-    useful = [_readable(line, graph) for line in lines if not line.startswith(("For more information", "The error above occurred"))]
+    useful = [
+        _readable(line, graph)
+        for line in lines
+        if not line.startswith(("For more information", "The error above occurred"))
+    ]
     text = "\n  ".join(useful[:8])
     return f"{type(exc).__name__}: {text}" + ("\n  ..." if len(useful) > 8 else "")
 
 
-def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: str, model_initial: Any, program_initial: Any,
-                   mutated: tuple[str, ...]) -> None:
+def check_smallest(
+    program: Any,
+    model: Any,
+    graph: Graph,
+    where: str,
+    device: str,
+    model_initial: Any,
+    program_initial: Any,
+    mutated: tuple[str, ...],
+) -> None:
     """Run the exported program with every dim at its min and compare with eager, both from their initial state
     (`*_initial`: trace.Saved), outputs and the `mutated` state alike.
 
@@ -188,21 +214,41 @@ def check_smallest(program: Any, model: Any, graph: Graph, where: str, device: s
             name = _dim_at(graph, bound[1], int(bound[2])) if bound else None
             if name is not None:
                 raise range_error(graph, where, name, condition, _bound_fix(condition, graph)) from None
-            raise SpecError("", f"{where}.dims", f"the traced model fails at the smallest sizes ({label}): "
-                            f"{_first_lines(exc, graph)}; raise the dims' min") from None
+            raise SpecError(
+                "",
+                f"{where}.dims",
+                f"the traced model fails at the smallest sizes ({label}): "
+                f"{_first_lines(exc, graph)}; raise the dims' min",
+            ) from None
     if len(want) != len(got):
-        raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the traced model returns {len(got)} tensors, "
-                        f"eager {len(want)}; raise the dims' min")
+        raise SpecError(
+            "",
+            f"{where}.dims",
+            f"at the smallest sizes ({label}) the traced model returns {len(got)} tensors, "
+            f"eager {len(want)}; raise the dims' min",
+        )
     for k, (w, g) in enumerate(zip(want, got, strict=True)):
-        if w.shape != g.shape or not torch.allclose(g.double(), w.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True):
-            raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the traced model's output {k} differs from "
-                            "eager: the model behaves differently there than at the example sizes; raise the dims' min")
+        if w.shape != g.shape or not torch.allclose(
+            g.double(), w.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True
+        ):
+            raise SpecError(
+                "",
+                f"{where}.dims",
+                f"at the smallest sizes ({label}) the traced model's output {k} differs from "
+                "eager: the model behaves differently there than at the example sizes; raise the dims' min",
+            )
     eager_state = model_initial.tensors
     for name in mutated:
         fqn = name.removeprefix(WEIGHT_PREFIX)
         have, expected = program_initial.tensors.get(name), eager_state.get(fqn)
         if have is None or expected is None:
             continue
-        if have.shape != expected.shape or not torch.allclose(have.double(), expected.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True):
-            raise SpecError("", f"{where}.dims", f"at the smallest sizes ({label}) the state '{fqn}' the traced model leaves differs from "
-                            "eager's: the model behaves differently there than at the example sizes; raise the dims' min")
+        if have.shape != expected.shape or not torch.allclose(
+            have.double(), expected.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True
+        ):
+            raise SpecError(
+                "",
+                f"{where}.dims",
+                f"at the smallest sizes ({label}) the state '{fqn}' the traced model leaves differs from "
+                "eager's: the model behaves differently there than at the example sizes; raise the dims' min",
+            )

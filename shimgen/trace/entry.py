@@ -48,12 +48,16 @@ def _load_model(graph: Graph, where: str, spec_dir: Path) -> Callable[..., Any]:
     try:
         model = target(*graph.args, **graph.kwargs)
     except (Exception, SystemExit) as exc:
-        raise SpecError("", f"{where}.entry", f"calling '{graph.entry}' with args/kwargs failed: {describe(exc, spec_dir)}") from None
+        raise SpecError(
+            "", f"{where}.entry", f"calling '{graph.entry}' with args/kwargs failed: {describe(exc, spec_dir)}"
+        ) from None
     if isinstance(model, torch.nn.Module):
         return model.eval()
     if callable(model):
         return model
-    raise SpecError("", f"{where}.entry", f"'{graph.entry}' returned {type(model).__name__}, not an nn.Module or function")
+    raise SpecError(
+        "", f"{where}.entry", f"'{graph.entry}' returned {type(model).__name__}, not an nn.Module or function"
+    )
 
 
 _scopes: list[tuple[Path, set[Path]]] = []  # the open project scopes: (spec dir, files read under it)
@@ -108,7 +112,11 @@ def project_scope(spec_dir: Path) -> Iterator[set[Path]]:
 
 
 def _project_modules(spec_dir: Path) -> dict[str, Any]:
-    return {name: m for name, m in list(sys.modules.items()) if _under(getattr(m, "__file__", None), spec_dir) and not _is_kept(name)}
+    return {
+        name: m
+        for name, m in list(sys.modules.items())
+        if _under(getattr(m, "__file__", None), spec_dir) and not _is_kept(name)
+    }
 
 
 def _under(path: str | None, directory: Path) -> bool:
@@ -136,14 +144,22 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
 def _record_read(file: Any, mode: str | None, flags: int) -> None:
-    if not isinstance(file, (str, bytes, os.PathLike)) or (mode and set(mode) & set("wax+")) or (mode is None and flags & _WRITE_FLAGS):
+    if (
+        not isinstance(file, (str, bytes, os.PathLike))
+        or (mode and set(mode) & set("wax+"))
+        or (mode is None and flags & _WRITE_FLAGS)
+    ):
         return
     path = Path(os.fsdecode(file))
     if path.suffix == ".pyc":  # a module imported from the bytecode cache: its source is what matters
         path = Path(importlib.util.source_from_cache(str(path)))
     path = path.resolve()
     for directory, reads in _scopes:
-        if path.is_relative_to(directory) and path.is_file() and not {"site-packages", "dist-packages"} & set(path.parts):
+        if (
+            path.is_relative_to(directory)
+            and path.is_file()
+            and not {"site-packages", "dist-packages"} & set(path.parts)
+        ):
             reads.add(path)
 
 
@@ -169,7 +185,11 @@ def make_inputs(graph: Graph, sizes: dict[str, int], seed: int) -> list[Any]:
         dtype = getattr(torch, inp.dtype)
         if inp.values == "arange":
             start = 0 if inp.low is None else inp.low
-            t = (torch.arange(shape[-1] if shape else 1) + start).to(dtype).expand(shape).contiguous() if shape else torch.tensor(start, dtype=dtype)
+            t = (
+                (torch.arange(shape[-1] if shape else 1) + start).to(dtype).expand(shape).contiguous()
+                if shape
+                else torch.tensor(start, dtype=dtype)
+            )
         elif dtype.is_floating_point:
             low = -1.0 if inp.low is None else inp.low
             high = 1.0 if inp.high is None else inp.high

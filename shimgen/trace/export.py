@@ -49,15 +49,27 @@ def trace_key(graph: Graph, target: Target, tc: Toolchain, spec_dir: Path, ops_k
     """What a trace depends on besides the files it reads: the graph's spec, the files its `depends`
     globs match, the device, torch, the custom ops' schemas and fakes, and shimgen."""
     declared = sorted({p for pattern in graph.depends for p in spec_dir.glob(pattern) if p.is_file()})
-    return stage_key(build_fields(graph), [(str(p.relative_to(spec_dir)), file_hash(p)) for p in declared], target.device, tc.torch_version, ops_key,
-                     shimgen_fingerprint())
+    return stage_key(
+        build_fields(graph),
+        [(str(p.relative_to(spec_dir)), file_hash(p)) for p in declared],
+        target.device,
+        tc.torch_version,
+        ops_key,
+        shimgen_fingerprint(),
+    )
 
 
 def still_valid(traced: TraceResult, key: str) -> bool:
-    return traced.key == key and traced.program.is_file() and all(file_hash(Path(path)) == digest for path, digest in traced.reads)
+    return (
+        traced.key == key
+        and traced.program.is_file()
+        and all(file_hash(Path(path)) == digest for path, digest in traced.reads)
+    )
 
 
-def trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: Path, key: str, ops: CustomOps | None = None) -> TraceResult:
+def trace(
+    graph: Graph, where: str, spec_dir: Path, device: str, program_file: Path, key: str, ops: CustomOps | None = None
+) -> TraceResult:
     """Export on `device` (Inductor generates kernels for the device the program's tensors are on) into `program_file`."""
     try:
         return _trace(graph, where, spec_dir, device, program_file, key)
@@ -82,22 +94,38 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
                 eager = call_model(model, graph, inputs)
             except (Exception, SystemExit) as exc:
                 shapes = ", ".join(f"{i.name}={tuple(t.shape)}" for i, t in zip(graph.inputs, inputs, strict=True))
-                raise SpecError("", f"{where}.inputs", f"the model rejected the example inputs ({shapes}): {describe(exc, spec_dir)}") from None
+                raise SpecError(
+                    "",
+                    f"{where}.inputs",
+                    f"the model rejected the example inputs ({shapes}): {describe(exc, spec_dir)}",
+                ) from None
             initial.restore()  # the program starts from the state the model had before any call
             out_nodes = _out_nodes(eager, spec_dir, where)
             adapter = _spec_order_module(model, graph)
             program, narrowed = _export_narrowing(adapter, model, inputs, graph, where, device, initial)
     num_outputs = sum(1 for n in out_nodes if n.kind == TENSOR)
     if program.call_spec.out_spec.num_leaves != num_outputs:
-        raise SpecError("", where, f"the traced model returns {program.call_spec.out_spec.num_leaves} tensors, eager {num_outputs}")
+        raise SpecError(
+            "", where, f"the traced model returns {program.call_spec.out_spec.num_leaves} tensors, eager {num_outputs}"
+        )
     program_file.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(program_file))
-    return TraceResult(key=key, program=program_file, out_nodes=tuple(out_nodes), num_outputs=num_outputs, reads=tuple((str(p), file_hash(p)) for p in sorted(reads)),
-                       structure=structure_key(program), weights=weights_key(program), state=mutated_state(program), narrowed=tuple(narrowed))
+    return TraceResult(
+        key=key,
+        program=program_file,
+        out_nodes=tuple(out_nodes),
+        num_outputs=num_outputs,
+        reads=tuple((str(p), file_hash(p)) for p in sorted(reads)),
+        structure=structure_key(program),
+        weights=weights_key(program),
+        state=mutated_state(program),
+        narrowed=tuple(narrowed),
+    )
 
 
-def _export_narrowing(adapter: Any, model: Any, inputs: list[Any], graph: Graph, where: str, device: str,
-                      initial: Saved) -> tuple[Any, list[tuple[str, int, str]]]:
+def _export_narrowing(
+    adapter: Any, model: Any, inputs: list[Any], graph: Graph, where: str, device: str, initial: Saved
+) -> tuple[Any, list[tuple[str, int, str]]]:
     """The exported program, and the dims whose smallest sizes it leaves out: where torch.export cannot keep a dim's
     sizes below some bound inside the dynamic range (`x.shape[0] > 1`), the program takes the range from that bound and
     each size below it becomes a variant of its own (dim, new min, the condition), up to AUTO_SIZES per dim."""
@@ -160,21 +188,29 @@ def program_state(program: Any) -> dict[str, Any]:
     import torch
 
     buffers = set(program.graph_signature.buffers)
-    return {name: t for name, t in {**program.state_dict, **program.constants}.items()
-            if isinstance(t, torch.Tensor) and (name in buffers or name in program.constants)}
+    return {
+        name: t
+        for name, t in {**program.state_dict, **program.constants}.items()
+        if isinstance(t, torch.Tensor) and (name in buffers or name in program.constants)
+    }
 
 
 def state_as_buffers(program: Any) -> None:
     """In place: every tensor the program mutates is one of its buffers. torch.export lifts a tensor the model reaches
     through a plain Python object (transformers' StaticCache layers, whose tensors are also the model's buffers) as a
     constant, and Inductor refuses to compile a mutated constant ("mutating a non-functional tensor with a functional
-    tensor is not allowed", AOTInductor too). A lifted constant that is a buffer's very tensor is read as that buffer; any
+    tensor is not allowed", AOTInductor too). A lifted constant that is a buffer's very tensor is read as that buffer;
+    any
     other constant the program mutates becomes a buffer of its own."""
     from torch.export.graph_signature import InputKind, InputSpec
 
     signature = program.graph_signature
     placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
-    buffers = {_tensor_identity(_value(program, spec.target)): spec for spec in signature.input_specs if spec.kind == InputKind.BUFFER}
+    buffers = {
+        _tensor_identity(_value(program, spec.target)): spec
+        for spec in signature.input_specs
+        if spec.kind == InputKind.BUFFER
+    }
     kept = []
     for spec in signature.input_specs:
         if spec.kind == InputKind.CONSTANT_TENSOR:
@@ -203,10 +239,18 @@ def _tensor_identity(t: Any) -> tuple[Any, ...]:
 def mutated_state(program: Any) -> tuple[str, ...]:
     """The buffers and tensor constants the program writes into, by name: an op's argument its schema marks as written,
     on the tensor or on a view of it."""
-    names = {spec.arg.name: spec.target for spec in program.graph_signature.input_specs
-             if spec.target is not None and spec.kind.name in ("BUFFER", "CONSTANT_TENSOR")}
-    return tuple(sorted(names[node.name] for node in program.graph.nodes if node.op == "placeholder" and node.name in names
-                        and writes_into(node)))
+    names = {
+        spec.arg.name: spec.target
+        for spec in program.graph_signature.input_specs
+        if spec.target is not None and spec.kind.name in ("BUFFER", "CONSTANT_TENSOR")
+    }
+    return tuple(
+        sorted(
+            names[node.name]
+            for node in program.graph.nodes
+            if node.op == "placeholder" and node.name in names and writes_into(node)
+        )
+    )
 
 
 def writes_into(node: Any) -> bool:
@@ -254,7 +298,9 @@ def _spec_order_module(model: Callable[..., Any], graph: Graph) -> Any:
     class SpecOrderCall(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.model = model  # a Module is registered as a submodule (weights.WEIGHT_PREFIX); a function stays an attribute
+            self.model = (
+                model  # a Module is registered as a submodule (weights.WEIGHT_PREFIX); a function stays an attribute
+            )
 
         def forward(self, *tensors: torch.Tensor) -> Any:
             return output_tensors(call_model(self.model, graph, list(tensors)))
@@ -289,7 +335,11 @@ def _out_nodes(output: Any, spec_dir: Path, where: str) -> list[OutNode]:
             keys: list[Any] = list(value)
             bad = [k for k in keys if type(k) not in (str, int)]
             if bad:
-                raise SpecError("", where, f"{path}: dict outputs need str or int keys, not {type(bad[0]).__name__} {_short(bad[0])}")
+                raise SpecError(
+                    "",
+                    where,
+                    f"{path}: dict outputs need str or int keys, not {type(bad[0]).__name__} {_short(bad[0])}",
+                )
         else:
             keys = list(names) if kind == OBJECT and names else [None] * len(children)
         out_type = describe_type(value, children, names, spec_dir) if kind == OBJECT else None
@@ -312,10 +362,12 @@ def _step(kind: int, index: int, key: str | int | None) -> str:
 def _leaf_advice(value: Any) -> str:
     cls = type(value)
     if cls.__module__.startswith("transformers.") and cls.__name__.endswith("Cache"):
-        return (f"torch.export returns a {cls.__name__} once transformers registers it: call "
-                "transformers.integrations.executorch.register_dynamic_cache_export_support() where the model is built (the "
-                "package then returns it too), or build the model with use_cache=False, or export it with transformers' "
-                "static-cache recipe (TorchExportableModuleWithStaticCache, the KV cache kept as state in the package)")
+        return (
+            f"torch.export returns a {cls.__name__} once transformers registers it: call "
+            "transformers.integrations.executorch.register_dynamic_cache_export_support() where the model is built (the "
+            "package then returns it too), or build the model with use_cache=False, or export it with transformers' "
+            "static-cache recipe (TorchExportableModuleWithStaticCache, the KV cache kept as state in the package)"
+        )
     if dataclasses.is_dataclass(value):
         return f"a dataclass in the output needs torch.export.register_dataclass({type(value).__name__}) where it is defined"
     return "outputs may hold tensors and None in any structure torch.export accepts, no other values (return it as a tensor)"
@@ -336,7 +388,9 @@ def node_parts(value: Any) -> tuple[list[Any], list[str] | None] | None:
     if node.flatten_with_keys is not None:
         names = [internals.key_name(entry) for entry, _ in node.flatten_with_keys(value)[0]]
     if not _unique_strings(names, len(children)) and isinstance(value, tuple):
-        names = list(getattr(type(value), "_fields", None) or getattr(type(value), "__match_args__", None) or ())  # structseq
+        names = list(
+            getattr(type(value), "_fields", None) or getattr(type(value), "__match_args__", None) or ()
+        )  # structseq
     return children, (names if _unique_strings(names, len(children)) else None)
 
 
@@ -348,19 +402,28 @@ def describe_type(value: Any, children: list[Any], names: list[str] | None, spec
     """How the binding rebuilds `value`'s node: the constructor call that gives back an equal node
     from its children, verified here on the eager output itself, and the fallback."""
     cls = type(value)
-    out = OutType(module=cls.__module__, qualname=cls.__qualname__, fields=tuple(names) if names is not None else None, dropped=tuple(_dropped_fields(value, names)),
-                  construct=None, fallback=_fallback(value, names))
+    out = OutType(
+        module=cls.__module__,
+        qualname=cls.__qualname__,
+        fields=tuple(names) if names is not None else None,
+        dropped=tuple(_dropped_fields(value, names)),
+        construct=None,
+        fallback=_fallback(value, names),
+    )
     reason = _not_importable(cls, spec_dir)
     if reason:
         return dataclasses.replace(out, reason=reason)
-    for how in ([POSITIONAL, SEQUENCE, KEYWORD] if isinstance(value, tuple) else [KEYWORD, POSITIONAL]):
+    for how in [POSITIONAL, SEQUENCE, KEYWORD] if isinstance(value, tuple) else [KEYWORD, POSITIONAL]:
         if (how != KEYWORD or names is not None) and _rebuilds(value, children, out, how):
             return dataclasses.replace(out, construct=how)
     unflattened = _by_unflatten(value, children)
     if unflattened is not None:
         return dataclasses.replace(out, construct=UNFLATTEN, unflatten=unflattened[0], context=unflattened[1])
-    return dataclasses.replace(out, reason="is not rebuilt from its fields by calling it, nor by an importable unflatten function of its "
-                               "pytree registration")
+    return dataclasses.replace(
+        out,
+        reason="is not rebuilt from its fields by calling it, nor by an importable unflatten function of its "
+        "pytree registration",
+    )
 
 
 def _by_unflatten(value: Any, children: list[Any]) -> tuple[str, str] | None:
@@ -383,8 +446,16 @@ def _by_unflatten(value: Any, children: list[Any]) -> tuple[str, str] | None:
         got, got_context = node.flatten(rebuilt)
     except Exception:
         return None
-    same = type(rebuilt) is type(value) and len(got) == len(children) and all(a is b for a, b in zip(got, children, strict=True))
-    return (f"{fn.__module__}:{fn.__qualname__}", base64.b64encode(pickled).decode()) if same and got_context == context else None
+    same = (
+        type(rebuilt) is type(value)
+        and len(got) == len(children)
+        and all(a is b for a, b in zip(got, children, strict=True))
+    )
+    return (
+        (f"{fn.__module__}:{fn.__qualname__}", base64.b64encode(pickled).decode())
+        if same and got_context == context
+        else None
+    )
 
 
 def _dropped_fields(value: Any, names: list[str] | None) -> list[str]:
@@ -392,7 +463,11 @@ def _dropped_fields(value: Any, names: list[str] | None) -> list[str]:
     keeps them aside): its constructor may need them."""
     if names is None or not dataclasses.is_dataclass(value):
         return []
-    return [f.name for f in dataclasses.fields(value) if f.init and f.name not in names and getattr(value, f.name, 0) is None]
+    return [
+        f.name
+        for f in dataclasses.fields(value)
+        if f.init and f.name not in names and getattr(value, f.name, 0) is None
+    ]
 
 
 def _fallback(value: Any, names: list[str] | None) -> str:
@@ -436,6 +511,10 @@ def _rebuilds(value: Any, children: list[Any], out: OutType, how: str) -> bool:
         if node is None:
             return False
         (got, got_context), (want, want_context) = node.flatten(rebuilt), node.flatten(value)
-        return len(got) == len(want) and all(a is b for a, b in zip(got, want, strict=True)) and bool(got_context == want_context)
+        return (
+            len(got) == len(want)
+            and all(a is b for a, b in zip(got, want, strict=True))
+            and bool(got_context == want_context)
+        )
     except Exception:
         return False

@@ -23,7 +23,10 @@ def specializations(graph: Graph) -> list[dict[str, int]]:
 def traced_graph(graph: Graph, sizes: dict[str, int]) -> Graph:
     """The graph a variant traces: the dims in `sizes` written as static sizes, and no dim specializing (the dynamic
     code, `sizes` empty, does not depend on which sizes are specialized)."""
-    inputs = [dataclasses.replace(inp, shape=[sizes.get(s, s) if isinstance(s, str) else s for s in inp.shape]) for inp in graph.inputs]
+    inputs = [
+        dataclasses.replace(inp, shape=[sizes.get(s, s) if isinstance(s, str) else s for s in inp.shape])
+        for inp in graph.inputs
+    ]
     dims = {name: dataclasses.replace(dim, specialize=[]) for name, dim in graph.dims.items() if name not in sizes}
     return dataclasses.replace(graph, inputs=inputs, dims=dims)
 
@@ -34,7 +37,8 @@ def fully_static(graph: Graph, sizes: dict[str, int]) -> bool:
 
 
 def works(graph: Graph, target: Target) -> list[tuple[str, dict[str, int]]]:
-    """(name, sizes) of each trace and codegen of a graph on a target: its dynamic code (no sizes, the unit's name), then
+    """(name, sizes) of each trace and codegen of a graph on a target: its dynamic code (no sizes, the unit's name),
+    then
     each variant's (`<unit>__<variant>`)."""
     unit = unit_name(graph, target)
     return [(unit, {})] + [(f"{unit}__{variant_name(sizes)}", sizes) for sizes in specializations(graph)]
@@ -56,9 +60,13 @@ def left_out(works: list[tuple[str, int, Graph, Target, dict[str, int]]], traced
                     new.append((variant, i, graph, target, fixed))
             count = sum(1 for n, *_ in works + new if n.startswith(unit_name(graph, target) + "__"))
             if count > VARIANTS_LIMIT:
-                raise SpecError("", f"graph[{i}].dims.{dim}", f"the model cannot take every size of '{dim}' in [{declared.min}, {declared.max}]: it "
-                                f"needs {condition}, and building the sizes below {kept_min} as variants of their own would make {count} "
-                                f"variants (at most {VARIANTS_LIMIT}); write dims.{dim} = {{ min = {kept_min}, max = {declared.max} }}")
+                raise SpecError(
+                    "",
+                    f"graph[{i}].dims.{dim}",
+                    f"the model cannot take every size of '{dim}' in [{declared.min}, {declared.max}]: it "
+                    f"needs {condition}, and building the sizes below {kept_min} as variants of their own would make {count} "
+                    f"variants (at most {VARIANTS_LIMIT}); write dims.{dim} = {{ min = {kept_min}, max = {declared.max} }}",
+                )
     return new
 
 

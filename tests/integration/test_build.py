@@ -27,7 +27,9 @@ from shimgen.trace.entry import load_model, make_inputs
 pytestmark = pytest.mark.slow
 
 
-def eager_and_inputs(spec_path: Path, graph_index: int, sizes: dict[str, int], seed: int = 7) -> tuple[Any, Any, list[torch.Tensor]]:
+def eager_and_inputs(
+    spec_path: Path, graph_index: int, sizes: dict[str, int], seed: int = 7
+) -> tuple[Any, Any, list[torch.Tensor]]:
     spec = load_spec(spec_path)
     graph = spec.graph[graph_index]
     model = load_model(graph, f"graph[{graph_index}]", spec_path.parent)
@@ -50,8 +52,12 @@ def test_build_summary(built_mlp: dict[str, Any], workdir: Path) -> None:
     # Where Inductor's C++ GEMM template won, its partitions were rewritten to follow the caller's team (batch is
     # dynamic): a torch whose template text differs would leave it made for this machine's cores.
     if any("C++ GEMM template" in c["picked"] for c in choices):
-        kernels = "".join(p.read_text() for p in (workdir / "build" / "mlp" / "codegen" / "forward_cpu").glob("kernels_*.cpp"))
-        assert "int64_t num_threads = omp_get_max_threads();" in kernels and "constexpr int64_t num_threads" not in kernels
+        kernels = "".join(
+            p.read_text() for p in (workdir / "build" / "mlp" / "codegen" / "forward_cpu").glob("kernels_*.cpp")
+        )
+        assert (
+            "int64_t num_threads = omp_get_max_threads();" in kernels and "constexpr int64_t num_threads" not in kernels
+        )
 
 
 def test_mlp_matches_eager(built_mlp: dict[str, Any], workdir: Path) -> None:
@@ -80,9 +86,13 @@ def test_two_graphs_keep_structure(built_multi: dict[str, Any], workdir: Path) -
 
 def test_two_graphs_trace_and_generate_at_once(built_multi: dict[str, Any]) -> None:
     if not workers.count(2, in_process=False):
-        pytest.skip(f"this machine runs one worker process ({os.cpu_count()} cores, {workers.MEMORY_PER_WORKER >> 30} GiB each)")
+        pytest.skip(
+            f"this machine runs one worker process ({os.cpu_count()} cores, {workers.MEMORY_PER_WORKER >> 30} GiB each)"
+        )
     for stage in ("trace", "codegen"):
-        (a_start, a_end), (b_start, b_end) = sorted((e["start"], e["end"]) for e in built_multi["timeline"] if e["stage"] == stage)
+        (a_start, a_end), (b_start, b_end) = sorted(
+            (e["start"], e["end"]) for e in built_multi["timeline"] if e["stage"] == stage
+        )
         assert b_start < a_end, f"{stage} of the two graphs ran one after the other: {built_multi['timeline']}"
     assert built_multi["elapsed"] < sum(built_multi["stages"].values())
 
@@ -109,7 +119,13 @@ def test_check_passes(built_multi: dict[str, Any], workdir: Path) -> None:
     report = json.loads(result.stdout)
     assert report["ok"]
     cases = {(c["graph"], c["case"]) for c in report["comparisons"]}
-    assert {("heads", "example"), ("heads", "batch=1"), ("heads", "batch=16"), ("distance", "m=2"), ("distance", "n=32")} <= cases
+    assert {
+        ("heads", "example"),
+        ("heads", "batch=1"),
+        ("heads", "batch=16"),
+        ("distance", "m=2"),
+        ("distance", "n=32"),
+    } <= cases
     assert "all 19 outputs match eager" in result.stderr
 
 
@@ -118,14 +134,22 @@ def test_check_fails_beyond_tolerance(built_multi: dict[str, Any], workdir: Path
     tight = workdir / "projects" / "multi_tight.toml"
     # Same project and graphs (no rebuild: tolerances are check-only); zero tolerance on `heads`,
     # whose LayerNorm and softmax reductions are ordered differently from eager.
-    tight.write_text(edited(spec, 'dims = { batch = { min = 1, max = 16 } }', 'dims = { batch = { min = 1, max = 16 } }\natol = 0.0\nrtol = 0.0'))
+    tight.write_text(
+        edited(
+            spec,
+            "dims = { batch = { min = 1, max = 16 } }",
+            "dims = { batch = { min = 1, max = 16 } }\natol = 0.0\nrtol = 0.0",
+        )
+    )
     result = shimgen("check", tight, "--out", workdir)
     assert result.returncode == 1, result.stderr
     assert "MISMATCH" in result.stderr and "beyond tolerance" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_wheels_install_into_fresh_venv(built_mlp: dict[str, Any], built_multi: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
+def test_wheels_install_into_fresh_venv(
+    built_mlp: dict[str, Any], built_multi: dict[str, Any], workdir: Path, tmp_path: Path
+) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
@@ -179,7 +203,9 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
 
         # A compiler that fails on the binding: the message names the unit and its first error.
         fake = tmp_path / "failing-c++"
-        fake.write_text('#!/bin/sh\ncase "$*" in *binding.cpp*) echo "binding.cpp:1:1: error: injected failure" >&2; exit 1;; esac\nexec g++ "$@"\n')
+        fake.write_text(
+            '#!/bin/sh\ncase "$*" in *binding.cpp*) echo "binding.cpp:1:1: error: injected failure" >&2; exit 1;; esac\nexec g++ "$@"\n'
+        )
         fake.chmod(0o755)
         result = shimgen("build", spec, "--out", workdir, env={"CXX": str(fake)})
         assert result.returncode == 1, result.stderr
@@ -188,8 +214,10 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
 
         # A binding that compiles and links but does not import: the package stage refuses it.
         renaming = tmp_path / "renaming-c++"
-        renaming.write_text('#!/bin/sh\ncase "$*" in *binding.cpp*) exec g++ -DPyInit__forward_cpu=PyInit_elsewhere "$@";; esac\n'
-                            'exec g++ "$@"\n')
+        renaming.write_text(
+            '#!/bin/sh\ncase "$*" in *binding.cpp*) exec g++ -DPyInit__forward_cpu=PyInit_elsewhere "$@";; esac\n'
+            'exec g++ "$@"\n'
+        )
         renaming.chmod(0o755)
         result = shimgen("build", spec, "--out", workdir, env={"CXX": str(renaming)})
         assert result.returncode == 1, result.stderr
@@ -201,22 +229,29 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
         weights_file = workdir / "build" / "mlp" / "codegen" / "forward_cpu" / "weights.safetensors"
         good_weights = weights_file.read_bytes()
         (length,) = struct.unpack("<Q", good_weights[:8])
-        data = torch.frombuffer(bytearray(good_weights[8 + length:]), dtype=torch.float32) * 1.5
-        weights_file.write_bytes(good_weights[:8 + length] + data.numpy().tobytes())
+        data = torch.frombuffer(bytearray(good_weights[8 + length :]), dtype=torch.float32) * 1.5
+        weights_file.write_bytes(good_weights[: 8 + length] + data.numpy().tobytes())
         try:
             result = shimgen("build", spec, "--out", workdir)
         finally:
             weights_file.write_bytes(good_weights)
         assert result.returncode == 1, result.stderr
-        assert ("the built package 'mlp' does not compute what its traced program does; the previous package is left in place: "
-                "graph[0] (forward, cpu) at smallest (batch=1): output 0 differs from the traced program") in result.stderr
+        assert (
+            "the built package 'mlp' does not compute what its traced program does; the previous package is left in place: "
+            "graph[0] (forward, cpu) at smallest (batch=1): output 0 differs from the traced program"
+        ) in result.stderr
         assert "Traceback" not in result.stderr
     finally:
         spec.write_text(original)
     assert (_digest(wheel), sorted(p.name for p in (site / "mlp").iterdir())) == before
     check = subprocess.run(
-        [sys.executable, "-c", f"import sys, torch; sys.path.insert(0, {str(site)!r}); import mlp; print(mlp.forward(torch.ones(2, 32)).shape)"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"import sys, torch; sys.path.insert(0, {str(site)!r}); import mlp; print(mlp.forward(torch.ones(2, 32)).shape)",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert check.stdout.strip() == "torch.Size([2, 32])", check.stderr
 
@@ -236,12 +271,16 @@ def test_every_graph_error_is_reported_in_spec_order(workdir: Path, tmp_path: Pa
 
 def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
     spec = workdir / "projects" / "mlp_portable.toml"
-    spec.write_text(edited((workdir / "projects" / "mlp.toml").read_text(), 'name = "mlp"', 'name = "mlp_portable"')
-                    + '\n[[target]]\ndevice = "cpu"\nisa = "default"\n')
+    spec.write_text(
+        edited((workdir / "projects" / "mlp.toml").read_text(), 'name = "mlp"', 'name = "mlp_portable"')
+        + '\n[[target]]\ndevice = "cpu"\nisa = "default"\n'
+    )
     summary = build_json(spec, workdir)
     assert summary["target"] == "cpu-default"
     commands = json.loads((workdir / "build" / "mlp_portable" / "meson" / "compile_commands.json").read_text())
-    assert commands and all("-march=native" not in c["command"] and "-march=x86-64 " in c["command"] + " " for c in commands)
+    assert commands and all(
+        "-march=native" not in c["command"] and "-march=x86-64 " in c["command"] + " " for c in commands
+    )
     assert not any("CPU_CAPABILITY_AVX" in c["command"] for c in commands)
     # Kernel choice is timed here too, among candidates the target can run: never a library's packed weights.
     picked = {c["picked"].split(" cpp_")[0] for c in summary["kernel_choices"]["forward_cpu"]}
@@ -262,19 +301,27 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path, monkeyp
     bin_dir.mkdir()
     # Only in shared objects (-fPIC without -fPIE), so that Meson's sanity check still passes; a
     # constructor raising the signal survives any optimisation level (a null store does not).
-    (tmp_path / "crash.h").write_text("#if defined(__PIC__) && !defined(__PIE__)\n#include <signal.h>\n"
-                                      "__attribute__((constructor)) static void shimgen_crash(void) { raise(SIGSEGV); }\n#endif\n")
+    (tmp_path / "crash.h").write_text(
+        "#if defined(__PIC__) && !defined(__PIE__)\n#include <signal.h>\n"
+        "__attribute__((constructor)) static void shimgen_crash(void) { raise(SIGSEGV); }\n#endif\n"
+    )
     crashing = bin_dir / "c++"
     crashing.write_text(f'#!/bin/sh\nexec {real} -include {tmp_path / "crash.h"} "$@"\n')
     crashing.chmod(0o755)
-    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SHIMGEN_CACHE_DIR": str(tmp_path / "cache"), "CXX": ""}
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SHIMGEN_CACHE_DIR": str(tmp_path / "cache"),
+        "CXX": "",
+    }
     doctor = shimgen("doctor", env=env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert f"FAIL {crashing}" in doctor.stdout and "crash when loaded (signal 11)" in doctor.stdout
     assert f"selected:       {crashing}" not in doctor.stdout and "selected:       none" not in doctor.stdout
 
     # CXX names the broken compiler: tried first, then another that works, with a warning.
-    build = shimgen("build", REPO / "projects" / "mlp.toml", "--out", tmp_path, "--json", env={**env, "CXX": str(crashing)})
+    build = shimgen(
+        "build", REPO / "projects" / "mlp.toml", "--out", tmp_path, "--json", env={**env, "CXX": str(crashing)}
+    )
     assert build.returncode == 0, build.stderr
     assert f"warning: {crashing}" in build.stderr and "crash when loaded (signal 11)" in build.stderr
 
@@ -284,4 +331,8 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path, monkeyp
     with pytest.raises(UserError) as exc:
         probe.select()
     assert "failed with every C++ compiler here" in str(exc.value)
-    assert f"{crashing} (" in str(exc.value) and "crash when loaded (signal 11)" in str(exc.value) and "Fix:" in str(exc.value)
+    assert (
+        f"{crashing} (" in str(exc.value)
+        and "crash when loaded (signal 11)" in str(exc.value)
+        and "Fix:" in str(exc.value)
+    )

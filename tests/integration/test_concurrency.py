@@ -33,12 +33,25 @@ def _eager(spec: Path, sizes: dict[str, int]) -> tuple[list[torch.Tensor], torch
 def test_builds_at_once_on_an_empty_cache(workdir: Path, tmp_path: Path) -> None:
     env = {"SHIMGEN_CACHE_DIR": str(tmp_path / "cache" / "toolchain")}
     mlp, geometry = workdir / "projects" / "mlp.toml", tmp_path / "geometry.toml"
-    geometry.write_text(with_flags(edited((REPO / "projects" / "multi.toml").read_text(), 'name = "multi"', 'name = "geometry"'), **FAST_FLAGS))
+    geometry.write_text(
+        with_flags(
+            edited((REPO / "projects" / "multi.toml").read_text(), 'name = "multi"', 'name = "geometry"'), **FAST_FLAGS
+        )
+    )
     (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     jobs = [(mlp, tmp_path / "a"), (mlp, tmp_path / "a"), (geometry, tmp_path / "b")]
-    procs = [subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(out), "--json"], cwd=REPO, start_new_session=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
-             for spec, out in jobs]
+    procs = [
+        subprocess.Popen(
+            [*COMMAND, "build", str(spec), "--out", str(out), "--json"],
+            cwd=REPO,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        for spec, out in jobs
+    ]
     try:
         # communicate, not wait: a build whose output fills the pipe would otherwise never end.
         outputs = [p.communicate(timeout=900) for p in procs]
@@ -66,13 +79,19 @@ def test_builds_at_once_on_an_empty_cache(workdir: Path, tmp_path: Path) -> None
         assert "package" in json.loads(result.stdout)["skipped"]
 
     inputs, want = _eager(mlp, {"batch": 5})
-    torch.testing.assert_close(call_in_subprocess(summaries[0], "forward", tmp_path, *inputs), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        call_in_subprocess(summaries[0], "forward", tmp_path, *inputs), want, rtol=1e-5, atol=1e-5
+    )
     a, b = make_inputs(load_spec(geometry).graph[1], {"n": 4, "m": 3}, seed=3)
     distance = load_model(load_spec(geometry).graph[1], "graph[1]", geometry.parent)
-    torch.testing.assert_close(call_in_subprocess(summaries[2], "distance", tmp_path, a, b), distance(a, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        call_in_subprocess(summaries[2], "distance", tmp_path, a, b), distance(a, b), rtol=1e-5, atol=1e-5
+    )
 
 
-@pytest.mark.parametrize("meson_body,cached", [("kill -KILL $$", False), ("echo 'meson: broken install' >&2; exit 1", True)])
+@pytest.mark.parametrize(
+    "meson_body,cached", [("kill -KILL $$", False), ("echo 'meson: broken install' >&2; exit 1", True)]
+)
 def test_only_lasting_probe_failures_are_cached(tmp_path: Path, meson_body: str, cached: bool) -> None:
     """A probe step killed from outside may pass next time, so its failure is not remembered."""
     meson = tmp_path / "meson"

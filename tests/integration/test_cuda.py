@@ -24,16 +24,23 @@ from shimgen.trace.entry import load_model, make_inputs
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.slow,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False; CI has none)"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False; CI has none)"
+    ),
 ]
 
 
-def eager(spec: Path, index: int, device: str, sizes: dict[str, int] | None = None, seed: int = 3) -> tuple[Any, list[torch.Tensor]]:
+def eager(
+    spec: Path, index: int, device: str, sizes: dict[str, int] | None = None, seed: int = 3
+) -> tuple[Any, list[torch.Tensor]]:
     graph = load_spec(spec).graph[index]
     model = load_model(graph, f"graph[{index}]", spec.parent)
     if isinstance(model, torch.nn.Module):
         model = model.to(device)
-    inputs = [t.to(device) for t in make_inputs(graph, {**{n: d.example for n, d in graph.dims.items()}, **(sizes or {})}, seed)]
+    inputs = [
+        t.to(device)
+        for t in make_inputs(graph, {**{n: d.example for n, d in graph.dims.items()}, **(sizes or {})}, seed)
+    ]
     return model, inputs
 
 
@@ -93,15 +100,23 @@ def test_kernels_are_embedded_and_their_sources_shipped(built_gpu: dict[str, Any
     assert re.search(r"sm_90a?\.cubin", listing) and ".ptx" in listing, listing
 
 
-def test_wheel_runs_in_fresh_venv_without_build_machine_files(built_gpu: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
+def test_wheel_runs_in_fresh_venv_without_build_machine_files(
+    built_gpu: dict[str, Any], workdir: Path, tmp_path: Path
+) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     # This machine has no package index: the environment gets torch by path, the wheel by pip.
     Path(site, "torch_from_base.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", built_gpu["wheel"]], check=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", built_gpu["wheel"]], check=True
+    )
     model, (x,) = eager(workdir / "projects" / "gpu.toml", 0, "cuda", {"batch": 5})
     torch.save({"x": x.cpu(), "expected": model(x).cpu()}, tmp_path / "case.pt")
     script = """
@@ -118,8 +133,13 @@ print("ok", gpu.__file__)
     build_dir.rename(build_dir.with_name("gpu.hidden"))
     try:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        run = subprocess.run([str(python), "-c", script, str(tmp_path / "case.pt")], capture_output=True, text=True, cwd=tmp_path,
-                             env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-cache")})
+        run = subprocess.run(
+            [str(python), "-c", script, str(tmp_path / "case.pt")],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty-cache")},
+        )
     finally:
         build_dir.with_name("gpu.hidden").rename(build_dir)
         for p in hidden:
@@ -178,7 +198,9 @@ def test_tma_kernels_use_tensor_memory_copies(workdir: Path, tmp_path: Path) -> 
     (plain / "tma.toml").write_text(edited(spec.read_text(), "tma = true", "tma = false"))
     without = build_json(plain / "tma.toml", tmp_path)
     assert "UTMALDG" not in "".join(cuobjdump("--dump-sass", f) for f in fatbins(without))
-    print(f"TMA: {sass.count('UTMALDG')} UTMALDG instructions in {len(fatbins(with_tma))} kernels; none without flags.tma")
+    print(
+        f"TMA: {sass.count('UTMALDG')} UTMALDG instructions in {len(fatbins(with_tma))} kernels; none without flags.tma"
+    )
 
 
 def test_static_then_dynamic_build_embeds_its_own_kernels(workdir: Path, tmp_path: Path) -> None:
@@ -220,13 +242,15 @@ def test_user_triton_kernels_with_docstrings_and_autotune(workdir: Path) -> None
     result = shimgen("check", spec, "--out", workdir)
     assert result.returncode == 0, result.stderr
     kernels = [p.name for p in Path(built["package_dir"], "triton_ops", "kernels", "forward_cuda").glob("*.ptx")]
-    assert any(k.startswith("scaled_add_kernel") for k in kernels) and any(k.startswith("relu_kernel") for k in kernels), kernels
+    assert any(k.startswith("scaled_add_kernel") for k in kernels) and any(
+        k.startswith("relu_kernel") for k in kernels
+    ), kernels
     sass = "".join(cuobjdump("--dump-sass", f) for f in fatbins(built))
     assert "UTMALDG" in sass
     print(f"user triton kernels embedded: {sorted(kernels)}; TMA loads in the GEMMs; check matches eager")
 
 
-HOST_TMA_MODULE = '''import torch
+HOST_TMA_MODULE = """import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
@@ -243,31 +267,39 @@ def tma_scale_kernel(in_desc, out_desc, scale, BLOCK: tl.constexpr):
 def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
     out = torch.empty_like(x)
     grid = (triton.cdiv(x.shape[0], 32), triton.cdiv(x.shape[1], 32))
-    wrap_triton(tma_scale_kernel)[grid](TensorDescriptor.from_tensor(x, [32, 32]), TensorDescriptor.from_tensor(out, [32, 32]), factor, BLOCK=32)
+    wrap_triton(tma_scale_kernel)[grid](TensorDescriptor.from_tensor(x, [32, 32]), TensorDescriptor.from_tensor(out,
+    [32, 32]), factor, BLOCK=32)
     return out
 
 
 class Model(torch.nn.Module):
     def forward(self, x):
         return torch.ops.host_tma.scale(x + 1, 3.0) + 1
-'''
+"""
 
 
 def test_host_tma_descriptors_are_refused_naming_the_kernel(tmp_path: Path) -> None:
     """AOTInductor in this torch compiles a kernel taking TensorDescriptor.from_tensor to wrong results: refused."""
     (tmp_path / "host_tma.py").write_text(HOST_TMA_MODULE)
     spec = tmp_path / "host_tma.toml"
-    spec.write_text('[project]\nname = "host_tma"\n\n[[custom_op]]\nmodule = "host_tma"\n\n[[graph]]\nname = "forward"\n'
-                    'entry = "host_tma:Model"\ninputs = [{ name = "x", shape = [64, 64] }]\n\n[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n')
+    spec.write_text(
+        '[project]\nname = "host_tma"\n\n[[custom_op]]\nmodule = "host_tma"\n\n[[graph]]\nname = "forward"\n'
+        'entry = "host_tma:Model"\ninputs = [{ name = "x", shape = [64, 64] }]\n\n[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n'
+    )
     result = shimgen("build", spec, "--out", tmp_path / "out")
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
-    assert "Triton kernel tma_scale_kernel: its arguments in_desc, out_desc hold tensors the graph cannot see" in result.stderr
+    assert (
+        "Triton kernel tma_scale_kernel: its arguments in_desc, out_desc hold tensors the graph cannot see"
+        in result.stderr
+    )
     assert not (tmp_path / "out" / "dist").exists()
     print(result.stderr.strip().splitlines()[-1])
 
 
-def test_per_target_wheels_merge_into_the_multi_target_package(built_gpu: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
+def test_per_target_wheels_merge_into_the_multi_target_package(
+    built_gpu: dict[str, Any], workdir: Path, tmp_path: Path
+) -> None:
     """A matrix's jobs build gpu.toml's cpu and cuda identifiers apart (--only); `shimgen merge` joins their wheels
     into one package with both targets, whose callables dispatch on the input's device like the full build's."""
     spec = workdir / "projects" / "gpu.toml"
@@ -285,21 +317,28 @@ def test_per_target_wheels_merge_into_the_multi_target_package(built_gpu: dict[s
     assert wheel.name == Path(built_gpu["wheel"]).name  # the full build's name: same version label, same tags
     site = tmp_path / "site"
     shutil.unpack_archive(wheel, site, "zip")
-    call = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import gpu; "
-            "torch.save(gpu.mlp(torch.load(sys.argv[2]).to(sys.argv[3])).cpu(), sys.argv[4])")
+    call = (
+        "import sys, torch; sys.path.insert(0, sys.argv[1]); import gpu; "
+        "torch.save(gpu.mlp(torch.load(sys.argv[2]).to(sys.argv[3])).cpu(), sys.argv[4])"
+    )
     for device in ("cpu", "cuda"):
         model, (x,) = eager(spec, 0, device, {"batch": 7})
         torch.save(x.cpu(), tmp_path / "x.pt")
-        run = subprocess.run([sys.executable, "-c", call, str(site), str(tmp_path / "x.pt"), device, str(tmp_path / "y.pt")],
-                             capture_output=True, text=True)
+        run = subprocess.run(
+            [sys.executable, "-c", call, str(site), str(tmp_path / "x.pt"), device, str(tmp_path / "y.pt")],
+            capture_output=True,
+            text=True,
+        )
         assert run.returncode == 0, run.stderr
         torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x).cpu(), rtol=1e-4, atol=1e-4)
 
 
 def test_load_weights_on_cuda_recaptures_the_cuda_graph(workdir: Path, tmp_path: Path) -> None:
     spec = tmp_path / "graphs_refit.toml"
-    spec.write_text(edited((workdir / "projects" / "gpu_graphs.toml").read_text(), 'name = "gpu_graphs"', 'name = "graphs_refit"')
-                    + "freezing = false\n")
+    spec.write_text(
+        edited((workdir / "projects" / "gpu_graphs.toml").read_text(), 'name = "gpu_graphs"', 'name = "graphs_refit"')
+        + "freezing = false\n"
+    )
     (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     summary = build_json(spec, tmp_path)
     assert (Path(summary["package_dir"]) / "graphs_refit" / "mlp_cuda.safetensors").is_file()
@@ -320,8 +359,30 @@ def test_specialized_variants_on_cuda_are_captured_and_share_weights(workdir: Pa
     """Batch 1 and 8 run captured static variants, other batches the dynamic code; the GPU holds one copy of the weights
     for all three, and load_weights reaches each."""
     spec = tmp_path / "cuda_variants.toml"
-    spec.write_text(edited(edited(edited(edited(edited((workdir / "projects" / "gpu_graphs.toml").read_text(), 'name = "gpu_graphs"', 'name = "cuda_variants"'), "kwargs = { width = 32, depth = 8 }", "kwargs = { width = 256, depth = 8 }"), 'inputs = [{ name = "x", shape = [4, 32] }]', 'inputs = [{ name = "x", shape = ["batch", 256] }]\ndims = { batch = { min = 1, max = 16, specialize = [1, 8] } }'), '{ name = "x", shape = [4, 32] },', '{ name = "x", shape = ["batch", 32] },'), '{ name = "scale", shape = [32], keyword = true },\n]', '{ name = "scale", shape = [32], keyword = true },\n]\ndims = { batch = { min = 1, max = 16, specialize = [2] } }')
-                    + "freezing = false\n")
+    spec.write_text(
+        edited(
+            edited(
+                edited(
+                    edited(
+                        edited(
+                            (workdir / "projects" / "gpu_graphs.toml").read_text(),
+                            'name = "gpu_graphs"',
+                            'name = "cuda_variants"',
+                        ),
+                        "kwargs = { width = 32, depth = 8 }",
+                        "kwargs = { width = 256, depth = 8 }",
+                    ),
+                    'inputs = [{ name = "x", shape = [4, 32] }]',
+                    'inputs = [{ name = "x", shape = ["batch", 256] }]\ndims = { batch = { min = 1, max = 16, specialize = [1, 8] } }',
+                ),
+                '{ name = "x", shape = [4, 32] },',
+                '{ name = "x", shape = ["batch", 32] },',
+            ),
+            '{ name = "scale", shape = [32], keyword = true },\n]',
+            '{ name = "scale", shape = [32], keyword = true },\n]\ndims = { batch = { min = 1, max = 16, specialize = [2] } }',
+        )
+        + "freezing = false\n"
+    )
     (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     summary = build_json(spec, tmp_path)
     package = import_package(summary)
@@ -352,23 +413,42 @@ def test_specialized_variants_on_cuda_are_captured_and_share_weights(workdir: Pa
 
 
 def test_llm_decode_on_cuda_with_cuda_graphs_shares_one_cache(workdir: Path) -> None:
-    # projects/llm.toml on the GPU: decode (static) is captured, prefill's dynamic code is not, its seq=1 variant is; the
+    # projects/llm.toml on the GPU: decode (static) is captured, prefill's dynamic code is not, its seq=1 variant is;
+    # the
     # one KV cache on the GPU is written by prefill and read by decode, in place across replays.
     major, minor = torch.cuda.get_device_capability()
     spec = workdir / "projects" / "llm_cuda.toml"
     text = edited((workdir / "projects" / "llm.toml").read_text(), 'name = "llm"', 'name = "llm_cuda"', 1)
-    spec.write_text(text + f'\n[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n')
+    spec.write_text(
+        text + f'\n[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n'
+    )
     summary = build_json(spec, workdir)
     assert summary["verified"]["cases"], summary["verified"]
-    run = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[2] / "scripts" / "llm_generate.py"), "--spec", str(spec),
-                          "--out", str(workdir), "--tokens", "16", "--device", "cuda"], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parents[2] / "scripts" / "llm_generate.py"),
+            "--spec",
+            str(spec),
+            "--out",
+            str(workdir),
+            "--tokens",
+            "16",
+            "--device",
+            "cuda",
+        ],
+        capture_output=True,
+        text=True,
+    )
     print(run.stdout)
     assert run.returncode == 0 and "tokens equal" in run.stdout, run.stdout + run.stderr
     llm = import_package(summary)
     assert "Replayed from a CUDA graph" in llm.decode.__doc__ and "not captured" in llm.prefill.__doc__
     llm.reset_state()
     cache = next(name for name in llm.state("cuda") if "key_cache" in name)
-    assert not llm.state("cuda")[cache].any()  # before the first call: the initial values the first call takes to the GPU
+    assert not llm.state("cuda")[
+        cache
+    ].any()  # before the first call: the initial values the first call takes to the GPU
     llm.prefill(torch.tensor([[5, 7, 9]], device="cuda"), cache_position=torch.arange(3, device="cuda"))
     before = llm.state("cuda")[cache]
     assert before.is_cuda and before[..., :3, :].any() and not before[..., 3:, :].any()
@@ -381,10 +461,12 @@ def test_llm_decode_on_cuda_with_cuda_graphs_shares_one_cache(workdir: Path) -> 
 def test_counter_state_on_cuda_across_graphs_and_threads(workdir: Path) -> None:
     major, minor = torch.cuda.get_device_capability()
     spec = workdir / "projects" / "counter_cuda.toml"
-    spec.write_text('[project]\nname = "counter_cuda"\n\n[[graph]]\nname = "step"\nentry = "models.stateful:Counter"\n'
-                    'inputs = [{ name = "x", shape = ["batch", 8] }]\ndims = { batch = { min = 1, max = 4 } }\n\n'
-                    '[[graph]]\nname = "peek"\nentry = "models.stateful:Counter"\ninputs = [{ name = "x", shape = [1, 8] }]\n\n'
-                    f'[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n')
+    spec.write_text(
+        '[project]\nname = "counter_cuda"\n\n[[graph]]\nname = "step"\nentry = "models.stateful:Counter"\n'
+        'inputs = [{ name = "x", shape = ["batch", 8] }]\ndims = { batch = { min = 1, max = 4 } }\n\n'
+        '[[graph]]\nname = "peek"\nentry = "models.stateful:Counter"\ninputs = [{ name = "x", shape = [1, 8] }]\n\n'
+        f'[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n'
+    )
     counter = import_package(build_json(spec, workdir))
     model, _ = eager(spec, 0, "cuda")
     x = torch.ones(1, 8, device="cuda")

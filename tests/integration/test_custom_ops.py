@@ -24,20 +24,36 @@ torch.save({"x": x, "y": package.forward(x)}, sys.argv[5])
 """
 
 
-def run_package(summary: dict[str, Any], rows: int, width: int, tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", RUN_SCRIPT, summary["package_dir"], summary["name"], str(rows), str(width), str(tmp / "out.pt")],
-                          capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=tmp)
+def run_package(
+    summary: dict[str, Any], rows: int, width: int, tmp: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RUN_SCRIPT,
+            summary["package_dir"],
+            summary["name"],
+            str(rows),
+            str(width),
+            str(tmp / "out.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=tmp,
+    )
 
 
 def eager(workdir: Path, entry: str, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
     """The model of `entry` (models.custom_ops:...) built as the spec builds it (seed 0), run eagerly."""
     script = f"""
 import sys, torch
-sys.path.insert(0, {str(workdir / 'projects')!r})
+sys.path.insert(0, {str(workdir / "projects")!r})
 for library in sys.argv[2:]:
     torch.ops.load_library(library)
 import models.pyops
-from {entry.split(':')[0]} import {entry.split(':')[1]} as Model
+from {entry.split(":")[0]} import {entry.split(":")[1]} as Model
 torch.manual_seed(0)
 model = Model(**{kwargs!r}).eval()
 case = torch.load(sys.argv[1])
@@ -68,10 +84,14 @@ def test_cpp_ops_are_compiled_into_the_package(built_cpp_ops: dict[str, Any], wo
     run = run_package(built_cpp_ops, 37, 64, tmp_path)
     assert run.returncode == 0, run.stderr
     case = torch.load(tmp_path / "out.pt")
-    torch.testing.assert_close(case["y"], eager(workdir, "models.custom_ops:SoftClampMLP", case["x"], width=64, k=8), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        case["y"], eager(workdir, "models.custom_ops:SoftClampMLP", case["x"], width=64, k=8), rtol=1e-5, atol=1e-5
+    )
     # Importing the package registers its ops for everyone in the process.
-    script = (f"import sys, torch; sys.path.insert(0, {built_cpp_ops['package_dir']!r}); import custom_ops; "
-              "print(torch.ops.shimgen_ops.soft_clamp(torch.tensor([0.0, 100.0]), 2.0).tolist())")
+    script = (
+        f"import sys, torch; sys.path.insert(0, {built_cpp_ops['package_dir']!r}); import custom_ops; "
+        "print(torch.ops.shimgen_ops.soft_clamp(torch.tensor([0.0, 100.0]), 2.0).tolist())"
+    )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [0.0, 2.0]
@@ -94,7 +114,9 @@ def test_python_op_is_called_back(built_py_ops: dict[str, Any], workdir: Path, t
     run = run_package(built_py_ops, 5, 32, tmp_path, {"PYTHONPATH": str(workdir / "projects")})
     assert run.returncode == 0, run.stderr
     case = torch.load(tmp_path / "out.pt")
-    torch.testing.assert_close(case["y"], eager(workdir, "models.custom_ops:PyOpModel", case["x"]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        case["y"], eager(workdir, "models.custom_ops:PyOpModel", case["x"]), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_python_op_module_missing_at_import(built_py_ops: dict[str, Any], tmp_path: Path) -> None:
@@ -102,7 +124,8 @@ def test_python_op_module_missing_at_import(built_py_ops: dict[str, Any], tmp_pa
     assert run.returncode == 1
     assert run.stderr.strip().splitlines()[-1] == (
         "ImportError: py_ops needs the Python module models.pyops, which is not installed or on sys.path "
-        "(custom_op[0].module of the spec; it defines ops that graph forward calls)")
+        "(custom_op[0].module of the spec; it defines ops that graph forward calls)"
+    )
 
 
 # A project of its own: a C++ op whose fake is in Python, and a Python op taking every kind of argument the generated
@@ -202,17 +225,21 @@ def test_edits_rebuild_what_depends_on_them(tmp_path: Path) -> None:
     torch.save(x, project / "x.pt")
 
     def call() -> torch.Tensor:
-        script = (f"import sys, torch; sys.path[:0] = [{first['package_dir']!r}, {str(project)!r}]; import inc; "
-                  f"print(inc.forward(torch.load({str(project / 'x.pt')!r})).tolist())")
+        script = (
+            f"import sys, torch; sys.path[:0] = [{first['package_dir']!r}, {str(project)!r}]; import inc; "
+            f"print(inc.forward(torch.load({str(project / 'x.pt')!r})).tolist())"
+        )
         run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
         assert run.returncode == 0, run.stderr
         return torch.tensor(json.loads(run.stdout))
 
     torch.testing.assert_close(call(), _eager_inc(project, x, library), rtol=1e-5, atol=1e-5)
     # An error inside the op reaches the caller as a RuntimeError with the op's message; the interpreter lives on.
-    script = (f"import sys, torch; sys.path[:0] = [{first['package_dir']!r}, {str(project)!r}]; import inc\n"
-              "try:\n    inc.forward(torch.full((4, 16), 1e9))\nexcept RuntimeError as e:\n    print('shifted: input too large' in str(e))\n"
-              "print(inc.forward(torch.zeros(4, 16)).shape)")
+    script = (
+        f"import sys, torch; sys.path[:0] = [{first['package_dir']!r}, {str(project)!r}]; import inc\n"
+        "try:\n    inc.forward(torch.full((4, 16), 1e9))\nexcept RuntimeError as e:\n    print('shifted: input too large' in str(e))\n"
+        "print(inc.forward(torch.zeros(4, 16)).shape)"
+    )
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.split() == ["True", "torch.Size([4,", "1])"], run.stdout + run.stderr
 
@@ -224,7 +251,9 @@ def test_edits_rebuild_what_depends_on_them(tmp_path: Path) -> None:
     torch.testing.assert_close(call(), _eager_inc(project, x, library), rtol=1e-5, atol=1e-5)
 
     # A compile error: exit 1 with the compiler's first error, file and line; the last good package stays.
-    (project / "ops.cpp").write_text(edited(edited(OPS_CPP, "SCALE", "3.0"), "return x + by", "return x + undefined_name + by"))
+    (project / "ops.cpp").write_text(
+        edited(edited(OPS_CPP, "SCALE", "3.0"), "return x + by", "return x + undefined_name + by")
+    )
     failed = shimgen("build", spec, "--out", out)
     assert failed.returncode == 1, failed.stderr
     assert "ops.cpp:6" in failed.stderr and "undefined_name" in failed.stderr and "Traceback" not in failed.stderr
@@ -272,23 +301,44 @@ inputs = [{ name = "x", shape = [4, 16] }]
 """
 
 
-@pytest.mark.parametrize(("entry", "op", "message"), [
-    ('sources = ["missing.cpp"]', "bad_ops.nofake",
-     "custom_op[0].sources[0]: 'missing.cpp' does not exist (paths are relative to the spec's directory, {dir})"),
-    ('module = "no_such_module"', "bad_ops.nofake",
-     "custom_op[0].module: no module named 'no_such_module' in the spec's directory ({dir}) or the environment"),
-    ('module = "broken_ops"', "bad_ops.nofake",
-     "custom_op[0].module: cannot import 'broken_ops': ZeroDivisionError: division by zero (at broken_ops.py:1)"),
-    ('module = "bad_ops"', "bad_ops.absent",
-     "graph[0]: the model calls torch.ops.bad_ops.absent, which no [[custom_op]] registers (they register: bad_ops::nofake); "
-     "define it in an entry's sources (TORCH_LIBRARY) or module (torch.library.custom_op)"),
-    ('sources = ["nometa.cpp"]', "nometa_ops.twice",
-     "graph[0]: nometa_ops::twice (custom_op[0]) has no fake implementation, which tracing needs for its output's shapes: register one "
-     "with torch.library.register_fake(\"nometa_ops::twice\") in a module, or a Meta kernel with TORCH_LIBRARY_IMPL(nometa_ops, Meta, m)"),
-    ('module = "bad_ops"', "bad_ops.nofake",
-     "graph[0]: bad_ops::nofake (custom_op[0]) has no fake implementation, which tracing needs for its output's shapes: register one "
-     "with torch.library.register_fake(\"bad_ops::nofake\") in a module, or a Meta kernel with TORCH_LIBRARY_IMPL(bad_ops, Meta, m)"),
-])
+@pytest.mark.parametrize(
+    ("entry", "op", "message"),
+    [
+        (
+            'sources = ["missing.cpp"]',
+            "bad_ops.nofake",
+            "custom_op[0].sources[0]: 'missing.cpp' does not exist (paths are relative to the spec's directory, {dir})",
+        ),
+        (
+            'module = "no_such_module"',
+            "bad_ops.nofake",
+            "custom_op[0].module: no module named 'no_such_module' in the spec's directory ({dir}) or the environment",
+        ),
+        (
+            'module = "broken_ops"',
+            "bad_ops.nofake",
+            "custom_op[0].module: cannot import 'broken_ops': ZeroDivisionError: division by zero (at broken_ops.py:1)",
+        ),
+        (
+            'module = "bad_ops"',
+            "bad_ops.absent",
+            "graph[0]: the model calls torch.ops.bad_ops.absent, which no [[custom_op]] registers (they register: bad_ops::nofake); "
+            "define it in an entry's sources (TORCH_LIBRARY) or module (torch.library.custom_op)",
+        ),
+        (
+            'sources = ["nometa.cpp"]',
+            "nometa_ops.twice",
+            "graph[0]: nometa_ops::twice (custom_op[0]) has no fake implementation, which tracing needs for its output's shapes: register one "
+            'with torch.library.register_fake("nometa_ops::twice") in a module, or a Meta kernel with TORCH_LIBRARY_IMPL(nometa_ops, Meta, m)',
+        ),
+        (
+            'module = "bad_ops"',
+            "bad_ops.nofake",
+            "graph[0]: bad_ops::nofake (custom_op[0]) has no fake implementation, which tracing needs for its output's shapes: register one "
+            'with torch.library.register_fake("bad_ops::nofake") in a module, or a Meta kernel with TORCH_LIBRARY_IMPL(bad_ops, Meta, m)',
+        ),
+    ],
+)
 def test_bad_custom_ops_exit_2(tmp_path: Path, entry: str, op: str, message: str) -> None:
     project = tmp_path / "bad"
     project.mkdir()

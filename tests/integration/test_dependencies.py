@@ -29,7 +29,7 @@ class Scaled(torch.nn.Module):
         return x * self.scale
 '''
 
-SPEC = '''
+SPEC = """
 [project]
 name = "scaled"
 
@@ -38,7 +38,7 @@ name = "forward"
 entry = "scaled_model:Scaled"
 inputs = [{ name = "x", shape = [4] }]
 depends = ["tables/*.txt"]
-'''
+"""
 
 
 @pytest.fixture

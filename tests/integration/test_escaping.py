@@ -24,15 +24,19 @@ else:  # pragma: no cover
 
 pytestmark = pytest.mark.slow
 
-DESCRIPTION = 'Says """hi""" and \'\'\'bye\'\'\' with a back\\slash, {braces}, 100% and ünïcødé ✓ 🙂'
+DESCRIPTION = "Says \"\"\"hi\"\"\" and '''bye''' with a back\\slash, {braces}, 100% and ünïcødé ✓ 🙂"
 
 
-def test_awkward_strings_build_a_package_that_imports(workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_awkward_strings_build_a_package_that_imports(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(tmp_path / "cache dir's ü" / "toolchain"))
     spec = workdir / "projects" / "odd 'spec' ü.toml"
     text = with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS)
     text = edited(text, 'name = "mlp"', 'name = "odd_strings"\nversion = "2.0rc1"')
-    spec.write_text(re.sub(r"(?m)^description = .*$", lambda _: f"description = {escape.toml(DESCRIPTION)}", text), encoding="utf-8")
+    spec.write_text(
+        re.sub(r"(?m)^description = .*$", lambda _: f"description = {escape.toml(DESCRIPTION)}", text), encoding="utf-8"
+    )
     summary = build_json(spec, tmp_path / "out dir's ü")
     package = import_package(summary)
     assert package.__doc__.startswith(DESCRIPTION + "\n")
@@ -40,7 +44,9 @@ def test_awkward_strings_build_a_package_that_imports(workdir: Path, tmp_path: P
     graph = load_spec(spec).graph[0]
     (x,) = make_inputs(graph, {"batch": 3}, seed=1)
     with torch.no_grad():
-        torch.testing.assert_close(package.forward(x), load_model(graph, "graph[0]", spec.parent)(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            package.forward(x), load_model(graph, "graph[0]", spec.parent)(x), rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("text", ["", "plain", DESCRIPTION, "tab\there\nnew line\r\x00\x7f", "\\x41\\u0041 ??= */"])

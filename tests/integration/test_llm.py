@@ -13,7 +13,9 @@ import pytest
 import torch
 from conftest import FAST_FLAGS, REPO, build_json, import_package, with_flags
 
-pytest.importorskip("transformers", reason="the LLM is built from a transformers config (scripts/setup.sh installs transformers)")
+pytest.importorskip(
+    "transformers", reason="the LLM is built from a transformers config (scripts/setup.sh installs transformers)"
+)
 pytestmark = pytest.mark.slow
 
 
@@ -25,8 +27,20 @@ def built_llm(workdir: Path) -> dict[str, Any]:
 
 
 def test_greedy_tokens_equal_eager(built_llm: dict[str, Any], workdir: Path) -> None:
-    run = subprocess.run([sys.executable, str(REPO / "scripts" / "llm_generate.py"), "--spec", str(workdir / "projects" / "llm.toml"),
-                          "--out", str(workdir), "--tokens", "12"], capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "llm_generate.py"),
+            "--spec",
+            str(workdir / "projects" / "llm.toml"),
+            "--out",
+            str(workdir),
+            "--tokens",
+            "12",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0 and "tokens equal" in run.stdout, run.stdout + run.stderr
 
 

@@ -53,7 +53,9 @@ def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
-def test_model_output_is_its_own_type_where_transformers_is_importable(built_outputs: dict[str, Any], models: ModuleType) -> None:
+def test_model_output_is_its_own_type_where_transformers_is_importable(
+    built_outputs: dict[str, Any], models: ModuleType
+) -> None:
     import transformers.modeling_outputs as modeling_outputs
 
     package = import_package(built_outputs)
@@ -67,7 +69,9 @@ def test_model_output_is_its_own_type_where_transformers_is_importable(built_out
     assert_close(got[1], want.pooler_output)
 
 
-def test_project_namedtuple_comes_back_as_a_namedtuple_of_its_name_and_fields(built_outputs: dict[str, Any], models: ModuleType) -> None:
+def test_project_namedtuple_comes_back_as_a_namedtuple_of_its_name_and_fields(
+    built_outputs: dict[str, Any], models: ModuleType
+) -> None:
     package = import_package(built_outputs)
     x = torch.randn(5, 16)
     got, want = package.pair(x), models.pair(x)
@@ -105,10 +109,12 @@ def test_docstrings_say_what_comes_back(built_outputs: dict[str, Any]) -> None:
     package = import_package(built_outputs)
     assert package.bert.__doc__.splitlines()[-1] == (
         "Returns: BaseModelOutputWithPoolingAndCrossAttentions(last_hidden_state: Tensor, pooler_output: Tensor): "
-        f"a {BERT_OUTPUT} when that is importable, else a dict in field order")
+        f"a {BERT_OUTPUT} when that is importable, else a dict in field order"
+    )
     assert package.pair.__doc__.splitlines()[-1] == (
         "Returns: Pair(scaled: Tensor, shifted: Tensor): a namedtuple Pair of the same fields "
-        "(models.outputs.Pair is defined in the project, which the package does not import)")
+        "(models.outputs.Pair is defined in the project, which the package does not import)"
+    )
     returns = package.nested.__doc__.split("Returns: ")[1].splitlines()
     assert returns == [
         "{'stats': Stats(mean: Tensor, spread: Tensor), 'list': [Tensor, None, (Tensor,)], "
@@ -152,15 +158,21 @@ torch.save({
 def call_bert(summary: dict[str, Any], tmp: Path, mode: str, input_ids: torch.Tensor) -> dict[str, Any]:
     case, result = tmp / f"{mode}-case.pt", tmp / f"{mode}-result.pt"
     torch.save(input_ids, case)
-    run = subprocess.run([sys.executable, "-c", BERT_SCRIPT, mode, summary["package_dir"], summary["name"], str(case), str(result)],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-c", BERT_SCRIPT, mode, summary["package_dir"], summary["name"], str(case), str(result)],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 0, run.stderr
     return torch.load(result)
 
 
 @pytest.mark.parametrize("mode", ["importable", "blocked", "missing", "raising"])
 def test_model_output_falls_back_to_a_dict_where_it_cannot_be_made(
-    built_outputs: dict[str, Any], models: ModuleType, tmp_path: Path, mode: str,
+    built_outputs: dict[str, Any],
+    models: ModuleType,
+    tmp_path: Path,
+    mode: str,
 ) -> None:
     input_ids = torch.randint(0, 99, (2, 8))
     want = eager_bert(models, input_ids)
@@ -173,8 +185,11 @@ def test_model_output_falls_back_to_a_dict_where_it_cannot_be_made(
         assert_close(got["last_hidden_state"], want.last_hidden_state)
         assert_close(got["pooler_output"], want.pooler_output)
     # A failed import falls back silently; a constructor that refuses the fields says so, once.
-    assert out["warnings"] == ([f"bert(): {BERT_OUTPUT}(...) raised TypeError('fields changed'); returning a dict of its fields from now on"]
-                               if mode == "raising" else [])
+    assert out["warnings"] == (
+        [f"bert(): {BERT_OUTPUT}(...) raised TypeError('fields changed'); returning a dict of its fields from now on"]
+        if mode == "raising"
+        else []
+    )
 
 
 def test_check_compares_both_the_same_types_and_the_fallbacks(built_outputs: dict[str, Any], workdir: Path) -> None:
@@ -184,10 +199,19 @@ def test_check_compares_both_the_same_types_and_the_fallbacks(built_outputs: dic
     assert result.returncode == 0 and report["ok"], result.stderr
     outputs = {(c["graph"], c["output"]) for c in report["comparisons"] if c["case"] == "example"}
     assert outputs == {
-        ("bert", "out.last_hidden_state"), ("bert", "out.pooler_output"), ("pair", "out.scaled"), ("pair", "out.shifted"),
-        ("nested", "out['stats'].mean"), ("nested", "out['stats'].spread"), ("nested", "out['list'][0]"),
-        ("nested", "out['list'][2][0]"), ("nested", "out['pair'].scaled"), ("nested", "out['pair'].shifted"),
-        ("nested", "out['top'].values"), ("nested", "out['top'].indices"), ("nested", "out[7]"),
+        ("bert", "out.last_hidden_state"),
+        ("bert", "out.pooler_output"),
+        ("pair", "out.scaled"),
+        ("pair", "out.shifted"),
+        ("nested", "out['stats'].mean"),
+        ("nested", "out['stats'].spread"),
+        ("nested", "out['list'][0]"),
+        ("nested", "out['list'][2][0]"),
+        ("nested", "out['pair'].scaled"),
+        ("nested", "out['pair'].shifted"),
+        ("nested", "out['top'].values"),
+        ("nested", "out['top'].indices"),
+        ("nested", "out[7]"),
     }
 
 
@@ -206,7 +230,11 @@ def test_check_rejects_what_the_package_does_not_promise(workdir: Path, models: 
     wrong = [
         (stats, {"spread": b, "mean": a}, "out is dict, but for eager's"),  # field order
         (pair, (a, b), "out is tuple, but for eager's"),  # a plain tuple is not the namedtuple fallback
-        (bert_output, {"last_hidden_state": a, "pooler_output": b}, f"out is dict, eager returns {BERT_OUTPUT}"),  # importable: must be itself
+        (
+            bert_output,
+            {"last_hidden_state": a, "pooler_output": b},
+            f"out is dict, eager returns {BERT_OUTPUT}",
+        ),  # importable: must be itself
         ({"x": [a, None]}, {"x": [a, b]}, "out['x'][1] is torch.Tensor, eager returns None"),
     ]
     for want, got, message in wrong:
@@ -217,10 +245,13 @@ def test_check_rejects_what_the_package_does_not_promise(workdir: Path, models: 
 def test_outputs_that_are_not_tensors_are_spec_errors(tmp_path: Path) -> None:
     (tmp_path / "counting.py").write_text("def model(x):\n    return {'y': x + 1, 'n': 3}\n")
     spec = tmp_path / "counting.toml"
-    spec.write_text('[project]\nname = "counting"\n\n[[graph]]\nname = "forward"\nentry = "counting:model"\n'
-                    'inputs = [{ name = "x", shape = [2, 4] }]\n')
+    spec.write_text(
+        '[project]\nname = "counting"\n\n[[graph]]\nname = "forward"\nentry = "counting:model"\n'
+        'inputs = [{ name = "x", shape = [2, 4] }]\n'
+    )
     result = shimgen("build", spec, "--out", tmp_path / "out")
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == (
         f"shimgen: {spec}: graph[0]: output['n'] is int 3: outputs may hold tensors and None in any structure "
-        "torch.export accepts, no other values (return it as a tensor)")
+        "torch.export accepts, no other values (return it as a tensor)"
+    )

@@ -39,7 +39,9 @@ def convnet_inputs(spec: Path, batch: int = 3) -> list[torch.Tensor]:
 def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
     base = build_json(zoo_spec, workdir)
     (x,) = convnet_inputs(zoo_spec)
-    torch.testing.assert_close(call_in_subprocess(base, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        call_in_subprocess(base, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5
+    )
 
     source = workdir / "projects" / "models" / "convnet.py"
     original = source.read_text()
@@ -48,13 +50,17 @@ def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path
         source.write_text(changed)
         after = build_json(zoo_spec, workdir)
         assert "trace:convnet_cpu" not in after["skipped"] and "codegen:convnet_cpu" not in after["skipped"]
-        assert {"trace:heads_cpu", "codegen:heads_cpu", "trace:distance_cpu", "codegen:distance_cpu"} <= set(after["skipped"])
+        assert {"trace:heads_cpu", "codegen:heads_cpu", "trace:distance_cpu", "codegen:distance_cpu"} <= set(
+            after["skipped"]
+        )
         want = eager(zoo_spec, 0, [x])
         torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), want, rtol=1e-4, atol=1e-5)
     finally:
         source.write_text(original)
     restored = build_json(zoo_spec, workdir)
-    torch.testing.assert_close(call_in_subprocess(restored, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        call_in_subprocess(restored, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
@@ -69,7 +75,9 @@ def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, t
         assert {f"{stage}:{g}_cpu" for stage in ("trace", "codegen") for g in graphs} <= set(after["skipped"])
         compile_commands = (workdir / "build" / "zoo" / "meson" / "compile_commands.json").read_text()
         assert "-O2" in compile_commands and after["compiled_units"]["done"] > 0
-        torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5
+        )
 
         # A codegen flag: the saved traces are reloaded and generated again, one kernel file per graph.
         zoo_spec.write_text(with_flags(original, kernel_opt='"O2"', split="1"))
@@ -77,23 +85,34 @@ def test_flag_edits_recompile_without_retracing(zoo_spec: Path, workdir: Path, t
         assert {f"trace:{g}_cpu" for g in graphs} <= set(after["skipped"])
         assert not {f"codegen:{g}_cpu" for g in graphs} & set(after["skipped"])
         assert len(list((workdir / "build" / "zoo" / "project" / "src" / "convnet_cpu").glob("kernels_*.cpp"))) == 1
-        torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            call_in_subprocess(after, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5
+        )
     finally:
         zoo_spec.write_text(original)
 
 
 def test_dynamic_range_edit_reaches_the_package(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
     original = zoo_spec.read_text()
-    narrowed = edited(original, "dims = { batch = { min = 1, max = 32, example = 4 } }", "dims = { batch = { min = 1, max = 8, example = 4 } }")
+    narrowed = edited(
+        original,
+        "dims = { batch = { min = 1, max = 32, example = 4 } }",
+        "dims = { batch = { min = 1, max = 8, example = 4 } }",
+    )
     assert narrowed != original
     try:
         zoo_spec.write_text(narrowed)
         after = build_json(zoo_spec, workdir)
         assert "trace:convnet_cpu" not in after["skipped"]
         (x12,) = convnet_inputs(zoo_spec, batch=12)
-        assert call_in_subprocess(after, "convnet", tmp_path, x12) == "ValueError: convnet(): input 'x' dim 0 ('batch') must be in [1, 8], got 12"
+        assert (
+            call_in_subprocess(after, "convnet", tmp_path, x12)
+            == "ValueError: convnet(): input 'x' dim 0 ('batch') must be in [1, 8], got 12"
+        )
         (x8,) = convnet_inputs(zoo_spec, batch=8)
-        torch.testing.assert_close(call_in_subprocess(after, "convnet", tmp_path, x8), eager(zoo_spec, 0, [x8]), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            call_in_subprocess(after, "convnet", tmp_path, x8), eager(zoo_spec, 0, [x8]), rtol=1e-4, atol=1e-5
+        )
     finally:
         zoo_spec.write_text(original)
     assert "convnet" in build_json(zoo_spec, workdir)["graphs"]
@@ -124,9 +143,16 @@ def test_split_kernels_are_bit_identical(zoo_spec: Path, workdir: Path, tmp_path
 
 def test_killed_mid_compile_then_rebuilt(workdir: Path, tmp_path: Path) -> None:
     spec = workdir / "projects" / "mlp_killed.toml"
-    spec.write_text(edited(with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', 'name = "mlp_killed"'))
-    proc = subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(workdir)], stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    spec.write_text(
+        edited(
+            with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS),
+            'name = "mlp"',
+            'name = "mlp_killed"',
+        )
+    )
+    proc = subprocess.Popen(
+        [*COMMAND, "build", str(spec), "--out", str(workdir)], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert proc.stderr is not None
     for line in proc.stderr:
         if line.startswith("[compile] compile 1 of"):
@@ -137,7 +163,9 @@ def test_killed_mid_compile_then_rebuilt(workdir: Path, tmp_path: Path) -> None:
     assert not list((workdir / "dist").glob("mlp_killed-*.whl"))
     summary = build_json(spec, workdir)
     x = make_inputs(load_spec(spec).graph[0], {"batch": 5}, seed=1)[0]
-    torch.testing.assert_close(call_in_subprocess(summary, "forward", tmp_path, x), eager(spec, 0, [x]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        call_in_subprocess(summary, "forward", tmp_path, x), eager(spec, 0, [x]), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_compiler_cache_is_used_when_on_path(workdir: Path, tmp_path: Path) -> None:
@@ -147,7 +175,13 @@ def test_compiler_cache_is_used_when_on_path(workdir: Path, tmp_path: Path) -> N
     (bin_dir / "ccache").write_text(f'#!/bin/sh\necho "$@" >> {log}\nexec "$@"\n')
     (bin_dir / "ccache").chmod(0o755)
     spec = workdir / "projects" / "mlp_cached.toml"
-    spec.write_text(edited(with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', 'name = "mlp_cached"'))
+    spec.write_text(
+        edited(
+            with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS),
+            'name = "mlp"',
+            'name = "mlp_cached"',
+        )
+    )
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
     result = shimgen("build", spec, "--out", workdir, "--json", env=env)
     assert result.returncode == 0, result.stderr

@@ -15,8 +15,10 @@ from shimgen.commands import matrix, report
 from shimgen.errors import UserError
 from shimgen.spec import load_spec
 
-COLLECT = "import json, sys; from pathlib import Path; from shimgen.commands import report; " \
-          "r = report.collect(Path(sys.argv[1]), Path(sys.argv[2]), None); assert 'torch' not in sys.modules; print(json.dumps(r))"
+COLLECT = (
+    "import json, sys; from pathlib import Path; from shimgen.commands import report; "
+    "r = report.collect(Path(sys.argv[1]), Path(sys.argv[2]), None); assert 'torch' not in sys.modules; print(json.dumps(r))"
+)
 
 
 def test_report_lists_what_the_build_made(built_mlp: dict[str, Any], workdir: Path) -> None:
@@ -49,7 +51,9 @@ def test_report_lists_what_the_build_made(built_mlp: dict[str, Any], workdir: Pa
     extension, weights, wheel = unit["sizes"]["extension"], unit["sizes"]["weights"], data["wheel"]
     assert Path(extension["path"]).parent == Path(built_mlp["package_dir"]) / "mlp"
     assert steps[Path(extension["path"]).name]["step"] == "link"
-    assert weights["path"] == str(codegen / "weights.safetensors") and wheel["path"] == built_mlp["wheel"]  # flags.weights = "file"
+    assert (
+        weights["path"] == str(codegen / "weights.safetensors") and wheel["path"] == built_mlp["wheel"]
+    )  # flags.weights = "file"
     for sized in (extension, weights, wheel):
         assert sized["bytes"] == Path(sized["path"]).stat().st_size > 0
 

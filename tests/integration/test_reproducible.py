@@ -19,7 +19,15 @@ from conftest import COMMAND, REPO, with_flags
 pytestmark = pytest.mark.slow
 
 # What would share a cache between the two builds, or give them the same HOME.
-_PER_USER = ("HOME", "XDG_CACHE_HOME", "SHIMGEN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CCACHE_DIR", "SCCACHE_DIR")
+_PER_USER = (
+    "HOME",
+    "XDG_CACHE_HOME",
+    "SHIMGEN_CACHE_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "CCACHE_DIR",
+    "SCCACHE_DIR",
+)
 
 
 def _spec_without_autotuning(workdir: Path, tmp_path: Path) -> Path:
@@ -35,8 +43,15 @@ def _build_as(user: Path, spec: Path, out: Path) -> subprocess.Popen[str]:
     user.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in _PER_USER}
     env.update(HOME=str(user), TORCHINDUCTOR_CACHE_DIR=str(user / "inductor"))
-    return subprocess.Popen([*COMMAND, "build", str(spec), "--out", str(out)], cwd=REPO, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [*COMMAND, "build", str(spec), "--out", str(out)],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _finish(procs: list[subprocess.Popen[str]]) -> None:

@@ -142,8 +142,13 @@ def test_threads_share_a_callable(packages: list[tuple[Any, Graph, Any]]) -> Non
         start.wait(timeout=60)  # all threads call at once, not one after another as the pool starts them
         for step in range(calls_each):
             j = (k + step) % len(inputs)
-            torch.testing.assert_close(fn(inputs[j]), expected[j], rtol=1e-5, atol=1e-5,
-                                       msg=lambda m, k=k, step=step: f"thread {k} call {step}: {m}")
+            torch.testing.assert_close(
+                fn(inputs[j]),
+                expected[j],
+                rtol=1e-5,
+                atol=1e-5,
+                msg=lambda m, k=k, step=step: f"thread {k} call {step}: {m}",
+            )
         return calls_each
 
     with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -153,11 +158,18 @@ def test_threads_share_a_callable(packages: list[tuple[Any, Graph, Any]]) -> Non
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_results_match_eager_at_any_thread_count(packages: list[tuple[Any, Graph, Any]], built_mlp: dict[str, Any],
-                                                 built_multi: dict[str, Any], threads: int) -> None:
+def test_results_match_eager_at_any_thread_count(
+    packages: list[tuple[Any, Graph, Any]], built_mlp: dict[str, Any], built_multi: dict[str, Any], threads: int
+) -> None:
     """Kernels size their OpenMP teams by torch.set_num_threads; at one thread each region runs its serial copy."""
-    kernels = [p for built in (built_mlp, built_multi) for p in (Path(built["package_dir"]).parent / "project" / "src").rglob("kernels_*.cpp")]
-    assert any("omp_get_max_threads() == 1" in p.read_text() for p in kernels), "no OpenMP region with a serial copy to exercise"
+    kernels = [
+        p
+        for built in (built_mlp, built_multi)
+        for p in (Path(built["package_dir"]).parent / "project" / "src").rglob("kernels_*.cpp")
+    ]
+    assert any("omp_get_max_threads() == 1" in p.read_text() for p in kernels), (
+        "no OpenMP region with a serial copy to exercise"
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -221,6 +233,10 @@ def test_memory_stays_flat_over_10000_calls(built_mlp: dict[str, Any]) -> None:
 def test_no_compiler_at_import_or_call(built_mlp: dict[str, Any], tmp_path: Path) -> None:
     """With no compiler reachable at all, import and calls still work."""
     script = f"import sys, torch; sys.path.insert(0, {built_mlp['package_dir']!r}); import mlp; print(mlp.forward(torch.ones(3, 32)).shape)"
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         env={"PATH": str(tmp_path), "CXX": "/nonexistent", "CC": "/nonexistent"})
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PATH": str(tmp_path), "CXX": "/nonexistent", "CC": "/nonexistent"},
+    )
     assert run.stdout.strip() == "torch.Size([3, 32])", run.stderr

@@ -33,8 +33,23 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("redis-server is not installed (scripts/system_packages.sh installs it where it can)")
     port = _free_port()
     directory = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                "--dir", str(directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 20
         while True:
@@ -101,20 +116,28 @@ def first_machine(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> t
 
 
 @pytest.mark.slow
-def test_a_second_machine_builds_from_the_shared_cache(first_machine: tuple[Path, dict[str, Any]], redis_url: str, tmp_path: Path) -> None:
+def test_a_second_machine_builds_from_the_shared_cache(
+    first_machine: tuple[Path, dict[str, Any]], redis_url: str, tmp_path: Path
+) -> None:
     """The first machine built one identifier and filled the cache; a second one (empty HOME: no per-user caches,
     another checkout and output directory) finds trace, code and wheel there, compiles nothing, proves no compiler,
     and gets a byte-identical wheel that imports and computes what the first one's does."""
     import torch
 
     first = first_machine[1]
-    assert first["wheel"].endswith(f"+torch{torch.__version__.split('+')[0]}.cpu.native-" + Path(first["wheel"]).name.split("-", 2)[2])
+    assert first["wheel"].endswith(
+        f"+torch{torch.__version__.split('+')[0]}.cpu.native-" + Path(first["wheel"]).name.split("-", 2)[2]
+    )
     assert {"trace", "codegen", "wheel"} <= set(first["shared_cache"]["stored"])
     spec = _copy_projects(tmp_path / "two" / "deeper")
     home = tmp_path / "home"
     home.mkdir()
-    second = _build(spec, tmp_path / "two" / "out", *ONLY, env={"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"),
-                                                                                    shared_cache.ENV: redis_url})
+    second = _build(
+        spec,
+        tmp_path / "two" / "out",
+        *ONLY,
+        env={"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), shared_cache.ENV: redis_url},
+    )
     assert second["shared_cache"]["found"] == ["trace", "codegen", "wheel"]
     assert not {"trace", "codegen", "toolchain", "prebuilt", "compile"} & set(second["stages"])
     assert not (home / ".cache" / "shimgen").exists()
@@ -127,14 +150,18 @@ def _call_first(summary: dict[str, Any], x: Any, tmp: Path) -> Any:
     import torch
 
     torch.save(x, tmp / "x.pt")
-    code = (f"import sys, torch; sys.path.insert(0, {summary['package_dir']!r}); import {summary['name']} as m; "
-            f"torch.save(m.forward(torch.load({str(tmp / 'x.pt')!r})), {str(tmp / 'y.pt')!r})")
+    code = (
+        f"import sys, torch; sys.path.insert(0, {summary['package_dir']!r}); import {summary['name']} as m; "
+        f"torch.save(m.forward(torch.load({str(tmp / 'x.pt')!r})), {str(tmp / 'y.pt')!r})"
+    )
     subprocess.run([os.sys.executable, "-c", code], check=True)
     return torch.load(tmp / "y.pt")
 
 
 @pytest.mark.slow
-def test_the_lockfile_replays_kernel_choices_and_retune_measures_again(first_machine: tuple[Path, dict[str, Any]]) -> None:
+def test_the_lockfile_replays_kernel_choices_and_retune_measures_again(
+    first_machine: tuple[Path, dict[str, Any]],
+) -> None:
     """The first build wrote <spec>.lock; a build with the lockfile edited so that the slower candidate wins takes
     the edited timings without measuring (the pick follows the file); --retune measures and rewrites it."""
     spec, first = first_machine
@@ -173,7 +200,9 @@ def test_two_builds_in_one_process_each_use_their_own_cache(tmp_path: Path, monk
     spec = _copy_projects(tmp_path)
     spec.write_text(with_flags(spec.read_text(), **FAST_FLAGS))
     for name in ("first", "second"):
-        monkeypatch.setenv("CCACHE_DIR", str(tmp_path / f"ccache-{name}"))  # misses: the objects go to the remote storage
+        monkeypatch.setenv(
+            "CCACHE_DIR", str(tmp_path / f"ccache-{name}")
+        )  # misses: the objects go to the remote storage
         environ, path = dict(os.environ), list(sys.path)
         levels = {n: lg.level for n, lg in logging.Logger.manager.loggerDict.items() if isinstance(lg, logging.Logger)}
         cache = tmp_path / f"cache-{name}"
@@ -181,6 +210,8 @@ def test_two_builds_in_one_process_each_use_their_own_cache(tmp_path: Path, monk
         assert built.shared_cache is not None and built.shared_cache["url"] == cache.as_uri()
         assert "wheel" in built.shared_cache["stored"] and any(cache.rglob("*")), built.shared_cache
         if built.compiler_cache and Path(built.compiler_cache).name == "ccache":
-            assert any(p.is_file() for p in (cache / "ccache").rglob("*")), f"ccache stored nothing in {cache / 'ccache'}"
+            assert any(p.is_file() for p in (cache / "ccache").rglob("*")), (
+                f"ccache stored nothing in {cache / 'ccache'}"
+            )
         assert dict(os.environ) == environ and sys.path == path
         assert {n: logging.getLogger(n).level for n in levels} == levels

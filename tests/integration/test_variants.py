@@ -1,4 +1,5 @@
-"""Shape-specialized variants (dims.<name>.specialize): static code for the sizes a spec names inside the dynamic package,
+"""Shape-specialized variants (dims.<name>.specialize): static code for the sizes a spec names inside the dynamic
+package,
 picked by the binding per call, sharing the weights file, and rebuilt one variant at a time."""
 
 from __future__ import annotations
@@ -17,18 +18,19 @@ from conftest import build_json, shimgen
 
 pytestmark = pytest.mark.slow
 
-MODEL = '''
+MODEL = """
 import torch
 
 
 def mlp(seed=0):
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16)).eval()
-'''
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 16),
+    torch.nn.LayerNorm(16)).eval()
+"""
 
 # Each call's model (its variant's label, "" for the dynamic one) and its largest difference from eager, for batch sizes
 # from argv; then the same after load_weights of the model made with seed 1.
-RUN = '''
+RUN = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 sys.path.insert(0, sys.argv[2])
@@ -50,14 +52,15 @@ calls(mlp(0), results["calls"])
 package.load_weights(mlp(1).state_dict())
 calls(mlp(1), results["after_load"])
 print(json.dumps(results))
-'''
+"""
 
 
 def project(root: Path, sizes: list[int]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "vmodel.py").write_text(MODEL)
     spec = root / "variants.toml"
-    spec.write_text(textwrap.dedent(f'''
+    spec.write_text(
+        textwrap.dedent(f"""
         [project]
         name = "variants"
 
@@ -72,13 +75,17 @@ def project(root: Path, sizes: list[int]) -> Path:
         gemm_autotune = false
         kernel_opt = "O1"
         split = 1
-    '''))
+    """)
+    )
     return spec
 
 
 def run(summary: dict[str, Any], spec: Path, batches: list[int]) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-c", RUN, summary["package_dir"], str(spec.parent), summary["name"], json.dumps(batches)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, summary["package_dir"], str(spec.parent), summary["name"], json.dumps(batches)],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -94,39 +101,62 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
     return spec, build_json(spec, root / "out")
 
 
-def test_calls_at_a_specialized_size_run_its_variant_and_all_sizes_match_eager(built: tuple[Path, dict[str, Any]]) -> None:
+def test_calls_at_a_specialized_size_run_its_variant_and_all_sizes_match_eager(
+    built: tuple[Path, dict[str, Any]],
+) -> None:
     spec, summary = built
     results = run(summary, spec, [1, 2, 8, 9, 32])
-    assert {int(b): label for b, (label, _) in results["calls"].items()} == {1: "batch=1", 2: "", 8: "batch=8", 9: "", 32: ""}
+    assert {int(b): label for b, (label, _) in results["calls"].items()} == {
+        1: "batch=1",
+        2: "",
+        8: "batch=8",
+        9: "",
+        32: "",
+    }
     assert all(error < 1e-5 for _, error in results["calls"].values()), results["calls"]
     # load_weights reaches every model: the dynamic one and each variant
     assert all(error < 1e-5 for _, error in results["after_load"].values()), results["after_load"]
     assert "batch: 1..32, specialized for 1, 8" in results["doc"] and "batch=1; batch=8" in results["doc"]
     package = Path(summary["package_dir"]) / "variants"
-    assert sorted(p.name for p in package.glob("_forward_cpu__*.so")) == ["_forward_cpu__batch1.so", "_forward_cpu__batch8.so"]
+    assert sorted(p.name for p in package.glob("_forward_cpu__*.so")) == [
+        "_forward_cpu__batch1.so",
+        "_forward_cpu__batch8.so",
+    ]
     models = {json.dumps(m["variant"]): m for m in summary["models"]}
     assert set(models) == {"null", '{"batch": 1}', '{"batch": 8}'}
-    assert all(m["trace"] > 0 and m["codegen"] > 0 and m["compile"] > 0 and m["library_bytes"] > 0 for m in models.values())
+    assert all(
+        m["trace"] > 0 and m["codegen"] > 0 and m["compile"] > 0 and m["library_bytes"] > 0 for m in models.values()
+    )
 
 
 def test_variants_share_the_weights_file(built: tuple[Path, dict[str, Any]]) -> None:
     _, summary = built
     data = (Path(summary["package_dir"]) / "variants" / "forward_cpu.safetensors").read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
+    header = json.loads(data[8 : 8 + length])
     variants = json.loads(header["__metadata__"]["variants"])
     assert set(variants) == {"batch1", "batch8"}
-    # Without freezing every constant is a weight as it is: the variants add no entry, and each maps its constants to the
+    # Without freezing every constant is a weight as it is: the variants add no entry, and each maps its constants to
+    # the
     # dynamic model's entries.
     entries = {name for name in header if name != "__metadata__"}
-    assert entries == {"model.0.weight", "model.0.bias", "model.2.weight", "model.2.bias", "model.3.weight", "model.3.bias"}
+    assert entries == {
+        "model.0.weight",
+        "model.0.bias",
+        "model.2.weight",
+        "model.2.bias",
+        "model.3.weight",
+        "model.3.bias",
+    }
     assert all(set(to_entry.values()) == entries for to_entry in variants.values())
     layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16))
     assert len(data) - 8 - length == sum(t.numel() * 4 for t in layers.state_dict().values())
     assert all(m["weights_bytes"] in (None, 0) for m in summary["models"])
 
 
-def test_adding_or_removing_a_size_rebuilds_that_variant_alone(built: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_adding_or_removing_a_size_rebuilds_that_variant_alone(
+    built: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     spec, summary = built
     before = run(summary, spec, [8])["outputs"]["8"]
     out = Path(summary["package_dir"]).parents[2]
@@ -145,14 +175,18 @@ def test_adding_or_removing_a_size_rebuilds_that_variant_alone(built: tuple[Path
     assert not (Path(removed["package_dir"]) / "variants" / "_forward_cpu__batch8.so").exists()
     results = run(removed, spec, [8])
     assert results["calls"]["8"][0] == ""
-    assert torch.allclose(torch.tensor(results["outputs"]["8"]), torch.tensor(before), atol=1e-6)  # the variant and the dynamic code agree
+    assert torch.allclose(
+        torch.tensor(results["outputs"]["8"]), torch.tensor(before), atol=1e-6
+    )  # the variant and the dynamic code agree
 
 
 def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir: Path, tmp_path: Path) -> None:
-    """With freezing, a static convolution's weights are packed for oneDNN at build time: the variant's own entries, next to
+    """With freezing, a static convolution's weights are packed for oneDNN at build time: the variant's own entries,
+    next to
     the dynamic code's, and `shimgen check` compares the variant with eager."""
     spec = tmp_path / "convs.toml"
-    spec.write_text(textwrap.dedent('''
+    spec.write_text(
+        textwrap.dedent("""
         [project]
         name = "convs"
 
@@ -166,7 +200,8 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
         [flags]
         gemm_autotune = false
         kernel_opt = "O1"
-    '''))
+    """)
+    )
     (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     result = shimgen("check", spec, "--out", tmp_path / "out", "--json")
     assert result.returncode == 0, result.stderr
@@ -174,7 +209,7 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
     assert "variant batch=1" in {c["case"] for c in report["comparisons"]} and report["ok"]
     data = (tmp_path / "out" / "build" / "convs" / "site" / "convs" / "forward_cpu.safetensors").read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
+    header = json.loads(data[8 : 8 + length])
     own = [name for name in header if name.startswith("batch1/")]
     to_entry = json.loads(header["__metadata__"]["variants"])["batch1"]
     assert own and set(own) <= set(to_entry.values())

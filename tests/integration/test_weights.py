@@ -18,22 +18,29 @@ from conftest import build_json
 
 pytestmark = pytest.mark.slow
 
-MODEL = '''
+MODEL = """
 import os
 
 import torch
 
 
 def mlp(checkpoint="weights.pt"):
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.BatchNorm1d(64))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64),
+    torch.nn.LayerNorm(64), torch.nn.BatchNorm1d(64))
     model.load_state_dict(torch.load(os.path.join(os.path.dirname(__file__), checkpoint), weights_only=True))
     return model.eval()
-'''
+"""
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.BatchNorm1d(64))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.LayerNorm(64),
+        torch.nn.BatchNorm1d(64),
+    )
     with torch.no_grad():
         model[3].weight.uniform_(0.5, 1.5)  # not the defaults: a forgotten buffer or parameter shows
         model[3].bias.uniform_(-0.5, 0.5)
@@ -47,7 +54,8 @@ def project(root: Path, name: str, flags: str) -> Path:
     (root / "wmodel.py").write_text(MODEL)
     torch.save(weights(0), root / "weights.pt")
     spec = root / f"{name}.toml"
-    spec.write_text(textwrap.dedent(f'''
+    spec.write_text(
+        textwrap.dedent(f'''
         [project]
         name = "{name}"
 
@@ -62,15 +70,17 @@ def project(root: Path, name: str, flags: str) -> Path:
 
         [flags]
         {flags}
-    '''))
+    ''')
+    )
     return spec
 
 
-RUN = '''
+RUN = """
 import json, sys, torch
 sys.path.insert(0, sys.argv[1])
 package = __import__(sys.argv[2])
-layers = [torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64), torch.nn.BatchNorm1d(64)]
+layers = [torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.LayerNorm(64),
+torch.nn.BatchNorm1d(64)]
 model = torch.nn.Sequential(*layers).eval()
 x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
 
@@ -89,12 +99,16 @@ def error(weights):
 results = {}
 exec(sys.argv[3])
 print(json.dumps(results))
-'''
+"""
 
 
 def run(summary: dict[str, Any], code: str, cwd: Path) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-c", RUN, summary["package_dir"], summary["name"], textwrap.dedent(code)],
-                          capture_output=True, text=True, cwd=cwd)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, summary["package_dir"], summary["name"], textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -111,15 +125,17 @@ def test_weights_file_is_safetensors_beside_the_extension_and_stored(unfrozen: t
     path = Path(summary["package_dir"]) / "unfrozen" / "forward_cpu.safetensors"
     data = path.read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + length])
+    header = json.loads(data[8 : 8 + length])
     assert (8 + length) % 64 == 0
     assert header["__metadata__"]["format"] == "shimgen-weights-1"
     entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
     assert entries["model.0.weight"]["dtype"] == "F32" and entries["model.0.weight"]["shape"] == [64, 64]
     assert entries["model.0.weight"]["data_offsets"][0] % 64 == 0
     ends = sorted(tuple(e["data_offsets"]) for e in entries.values())
-    assert all(a[1] == b[0] for a, b in zip(ends, ends[1:], strict=False)) and ends[-1][1] == len(data) - 8 - length  # no holes
-    stored = torch.frombuffer(bytearray(data[8 + length + ends[0][0]:]), dtype=torch.uint8)
+    assert (
+        all(a[1] == b[0] for a, b in zip(ends, ends[1:], strict=False)) and ends[-1][1] == len(data) - 8 - length
+    )  # no holes
+    stored = torch.frombuffer(bytearray(data[8 + length + ends[0][0] :]), dtype=torch.uint8)
     assert stored.numel() > 0
     with zipfile.ZipFile(summary["wheel"]) as wheel:
         info = wheel.getinfo("unfrozen/forward_cpu.safetensors")
@@ -127,10 +143,14 @@ def test_weights_file_is_safetensors_beside_the_extension_and_stored(unfrozen: t
         assert wheel.read(info) == data
 
 
-def test_load_weights_swaps_in_new_weights_and_names_what_does_not_fit(unfrozen: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_load_weights_swaps_in_new_weights_and_names_what_does_not_fit(
+    unfrozen: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     spec, summary = unfrozen
     torch.save(weights(1), tmp_path / "new.pt")
-    results = run(summary, f'''
+    results = run(
+        summary,
+        f"""
         results["built"] = (package.forward(x) - eager({str(spec.parent / "weights.pt")!r})).abs().max().item()
         with open("/proc/self/maps") as f:
             results["mapped"] = "forward_cpu.safetensors" in f.read()
@@ -150,20 +170,37 @@ def test_load_weights_swaps_in_new_weights_and_names_what_does_not_fit(unfrozen:
         results["unknown"] = error({{**good, "head.weight": torch.zeros(1)}})
         results["graph"] = error({str(tmp_path / "nope.pt")!r}) is not None
         results["after_errors"] = (package.forward(x) - eager({str(spec.parent / "weights.pt")!r})).abs().max().item()
-    ''', tmp_path)
+    """,
+        tmp_path,
+    )
     assert results["built"] < 1e-5 and results["mapped"]
-    assert results["new"] < 1e-5 and results["copied"] < 1e-5 and results["from_path"] < 1e-5 and results["own_file"] < 1e-5
-    assert results["shape"] == "WeightsError: graph forward: weight '2.weight' is float32[64, 63], the compiled model's is float32[64, 64]"
-    assert results["dtype"] == "WeightsError: graph forward: weight '2.bias' is float64[64], the compiled model's is float32[64]"
+    assert (
+        results["new"] < 1e-5
+        and results["copied"] < 1e-5
+        and results["from_path"] < 1e-5
+        and results["own_file"] < 1e-5
+    )
+    assert (
+        results["shape"]
+        == "WeightsError: graph forward: weight '2.weight' is float32[64, 63], the compiled model's is float32[64, 64]"
+    )
+    assert (
+        results["dtype"]
+        == "WeightsError: graph forward: weight '2.bias' is float64[64], the compiled model's is float32[64]"
+    )
     assert results["missing"] == "WeightsError: graph forward: weight '3.bias' is missing"
     assert results["unknown"] == "WeightsError: head.weight: not weights of the compiled model"
     assert results["graph"]
     assert results["after_errors"] < 1e-5  # a refused load leaves the weights as they were
 
 
-def test_calls_in_flight_finish_on_the_weights_they_started_with(unfrozen: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_calls_in_flight_finish_on_the_weights_they_started_with(
+    unfrozen: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     _, summary = unfrozen
-    results = run(summary, '''
+    results = run(
+        summary,
+        """
         import threading
         a = {k: v.clone() for k, v in model.state_dict().items()}
         b = {k: v * 1.5 for k, v in a.items()}
@@ -192,7 +229,9 @@ def test_calls_in_flight_finish_on_the_weights_they_started_with(unfrozen: tuple
         for t in threads:
             t.join()
         results.update(bad=len(bad), calls=calls[0], differ=not torch.equal(out_a, out_b))
-    ''', tmp_path)
+    """,
+        tmp_path,
+    )
     assert results["differ"] and results["calls"] > 0
     assert results["bad"] == 0, f"{results['bad']} of {results['calls']} calls saw neither the old nor the new weights"
 
@@ -204,8 +243,11 @@ def test_a_new_checkpoint_rebuilds_only_the_weights(unfrozen: tuple[Path, dict[s
         again = build_json(spec, spec.parent / "out")
         assert "codegen:forward_cpu" in again["skipped"] and "weights" in again["stages"]
         assert again["compiled_units"]["done"] == 0
-        results = run(again, f'results["err"] = (package.forward(x) - eager({str(spec.parent / "weights.pt")!r})).abs().max().item()',
-                      tmp_path)
+        results = run(
+            again,
+            f'results["err"] = (package.forward(x) - eager({str(spec.parent / "weights.pt")!r})).abs().max().item()',
+            tmp_path,
+        )
         assert results["err"] < 1e-5
     finally:
         torch.save(weights(0), spec.parent / "weights.pt")
@@ -220,12 +262,18 @@ def test_with_freezing_a_state_dict_is_refused_and_a_rebuilt_weights_file_is_tak
     rebuilt = build_json(spec, tmp_path / "out")
     assert rebuilt["compiled_units"]["done"] == 0  # freezing generates the code again; it is the same code
     new_file = Path(rebuilt["package_dir"]) / "frozen" / "forward_cpu.safetensors"
-    results = run({**built, "package_dir": str(snapshot)}, f'''
+    results = run(
+        {**built, "package_dir": str(snapshot)},
+        f"""
         results["refused"] = error(torch.load({str(spec.parent / "weights.pt")!r}, weights_only=True))
         package.load_weights({str(new_file)!r})
         results["rebuilt_file"] = (package.forward(x) - eager({str(spec.parent / "weights.pt")!r})).abs().max().item()
-    ''', tmp_path)
-    assert results["refused"].startswith("WeightsError: graph forward was built with flags.freezing = true, which computed constants")
+    """,
+        tmp_path,
+    )
+    assert results["refused"].startswith(
+        "WeightsError: graph forward was built with flags.freezing = true, which computed constants"
+    )
     assert results["rebuilt_file"] < 1e-5
 
 
@@ -234,12 +282,16 @@ def test_embedded_weights_are_in_the_extension_and_load_weights_works_the_same(t
     summary = build_json(spec, tmp_path / "out")
     assert not list(Path(summary["package_dir"]).rglob("*.safetensors"))
     torch.save(weights(1), tmp_path / "new.pt")
-    results = run(summary, f'''
+    results = run(
+        summary,
+        f"""
         results["built"] = (package.forward(x) - eager({str(spec.parent / "weights.pt")!r})).abs().max().item()
         package.load_weights({str(tmp_path / "new.pt")!r})
         results["new"] = (package.forward(x) - eager({str(tmp_path / "new.pt")!r})).abs().max().item()
         good = torch.load({str(tmp_path / "new.pt")!r}, weights_only=True)
         results["partial"] = error({{k: v for k, v in good.items() if k != "3.bias"}})
-    ''', tmp_path)
+    """,
+        tmp_path,
+    )
     assert results["built"] < 1e-5 and results["new"] < 1e-5
     assert results["partial"] == "WeightsError: graph forward: weight '3.bias' is missing"

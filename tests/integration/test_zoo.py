@@ -15,7 +15,9 @@ import pytest
 import torch
 from conftest import build_json, edited, import_package, shimgen
 
-pytest.importorskip("transformers", reason="the zoo's transformers models need transformers (scripts/setup.sh installs it)")
+pytest.importorskip(
+    "transformers", reason="the zoo's transformers models need transformers (scripts/setup.sh installs it)"
+)
 pytestmark = pytest.mark.slow
 
 
@@ -24,8 +26,13 @@ def check(spec: Path, out: Path) -> dict[str, Any]:
     assert "Traceback" not in result.stderr
     assert result.stdout, result.stderr
     report = json.loads(result.stdout)
-    print(f"\n{spec.name}:\n" + "\n".join(f"  {c['graph']:<12} {c['case']:<12} {c['output']:<28} max abs err {c['max_abs']:.3g}"
-                                         for c in report["comparisons"]))
+    print(
+        f"\n{spec.name}:\n"
+        + "\n".join(
+            f"  {c['graph']:<12} {c['case']:<12} {c['output']:<28} max abs err {c['max_abs']:.3g}"
+            for c in report["comparisons"]
+        )
+    )
     assert result.returncode == 0 and report["ok"], result.stderr
     assert report["comparisons"], f"{spec.name}: check compared nothing"
     return report
@@ -45,14 +52,32 @@ def test_zoo_matches_eager_across_every_range(workdir: Path, spec_name: str) -> 
     elif spec_name == "vision.toml":
         # ConvNeXt's batch 1 is a variant of its own (torch.export cannot keep it in the range); Swin's batched matmuls
         # were timed against the C++ GEMM template, and the package runs at every batch.
-        assert {("convnext", "batch=1"), ("convnext", "variant batch=1"), ("convnext", "batch=4"), ("swin", "batch=1"), ("swin", "batch=4")} <= cases
+        assert {
+            ("convnext", "batch=1"),
+            ("convnext", "variant batch=1"),
+            ("convnext", "batch=4"),
+            ("swin", "batch=1"),
+            ("swin", "batch=4"),
+        } <= cases
     elif spec_name == "aoti_shapes.toml":
-        assert {(g, case) for g in ("cond", "counter") for case in ("batch=1", "batch=16" if g == "cond" else "batch=4")} <= cases
+        assert {
+            (g, case) for g in ("cond", "counter") for case in ("batch=1", "batch=16" if g == "cond" else "batch=4")
+        } <= cases
         assert {("bags", "ids=1"), ("bags", "ids=64"), ("scatter", "n=1"), ("scatter", "n=32")} <= cases
     else:
-        assert {("bert", "seq=2"), ("bert", "seq=64"), ("gpt2", "batch=1"), ("vit", "batch=8"), ("t5_encoder", "seq=2"), ("llama", "seq=32")} <= cases
+        assert {
+            ("bert", "seq=2"),
+            ("bert", "seq=64"),
+            ("gpt2", "batch=1"),
+            ("vit", "batch=8"),
+            ("t5_encoder", "seq=2"),
+            ("llama", "seq=32"),
+        } <= cases
         # LlamaModel's DynamicCache comes back as a DynamicCache (check compares types too), its layers' tensors equal.
-        assert {c["output"] for c in report["comparisons"] if c["graph"] == "llama"} >= {"out.past_key_values.key_cache[1]", "out.last_hidden_state"}
+        assert {c["output"] for c in report["comparisons"] if c["graph"] == "llama"} >= {
+            "out.past_key_values.key_cache[1]",
+            "out.last_hidden_state",
+        }
 
 
 def test_multiple_of_is_checked_on_every_call(built_shapes: dict[str, Any]) -> None:
@@ -68,13 +93,20 @@ def test_topk_indices_and_view_keep_their_types(built_shapes: dict[str, Any]) ->
     assert indices.dtype == torch.int64 and values.shape == indices.shape == (5, 3) and view.shape == (5, 2, 8)
 
 
-@pytest.mark.parametrize("edit,message", [
-    # A reshape into pairs needs an even size: torch's suggested fix, in the spec's terms.
-    (("shapes.toml", ", multiple_of = 2", ""),
-     "graph[1].dims.rows: the model cannot take every size of 'rows' in [2, 64]: it needs (8*x.shape[0]) == (16*(x.shape[0] // 2)); "
-     "write dims.rows = { min = 2, max = 64, multiple_of = 2 }"),
-])
-def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Path, edit: tuple[str, str, str], message: str) -> None:
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        # A reshape into pairs needs an even size: torch's suggested fix, in the spec's terms.
+        (
+            ("shapes.toml", ", multiple_of = 2", ""),
+            "graph[1].dims.rows: the model cannot take every size of 'rows' in [2, 64]: it needs (8*x.shape[0]) == (16*(x.shape[0] // 2)); "
+            "write dims.rows = { min = 2, max = 64, multiple_of = 2 }",
+        ),
+    ],
+)
+def test_ranges_a_model_cannot_take_are_spec_errors(
+    workdir: Path, tmp_path: Path, edit: tuple[str, str, str], message: str
+) -> None:
     name, old, new = edit
     original = (workdir / "projects" / name).read_text()
     assert old in original
@@ -83,7 +115,9 @@ def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Pat
     result = shimgen("build", spec, "--out", tmp_path)
     assert result.returncode == 2, result.stderr
     # Every graph the edit breaks is reported, in spec order: the first line is graph[0]'s.
-    pattern = re.escape(f"shimgen: {spec}: {message}").replace(re.escape("{input}"), "(input_ids|attention_mask|token_type_ids)")
+    pattern = re.escape(f"shimgen: {spec}: {message}").replace(
+        re.escape("{input}"), "(input_ids|attention_mask|token_type_ids)"
+    )
     reported = [line for line in result.stderr.strip().splitlines() if line.startswith("shimgen: ")]
     assert re.fullmatch(pattern, reported[0]), result.stderr
     where = [line.removeprefix(f"shimgen: {spec}: ").split(":")[0] for line in reported]
@@ -92,13 +126,23 @@ def test_ranges_a_model_cannot_take_are_spec_errors(workdir: Path, tmp_path: Pat
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False; CI has none)")
-@pytest.mark.parametrize("spec_name,graphs,kwargs,devices", [
-    # MiniLM-sized BERT (hidden 384, 6 layers, 12 heads), dynamic batch and sequence length. cuda only: torch
-    # 2.11's CPU attention still guards batch != 1 under size-oblivious tracing (2.13's does not).
-    ("hf.toml", ["bert"], "kwargs = { hidden = 384, layers = 6, heads = 12, intermediate = 1536, positions = 512 }\n", ["cuda"]),
-    ("shapes.toml", ["cat_slices", "pairs", "topk"], "", ["cpu", "cuda"]),
-])
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False; CI has none)"
+)
+@pytest.mark.parametrize(
+    "spec_name,graphs,kwargs,devices",
+    [
+        # MiniLM-sized BERT (hidden 384, 6 layers, 12 heads), dynamic batch and sequence length. cuda only: torch
+        # 2.11's CPU attention still guards batch != 1 under size-oblivious tracing (2.13's does not).
+        (
+            "hf.toml",
+            ["bert"],
+            "kwargs = { hidden = 384, layers = 6, heads = 12, intermediate = 1536, positions = 512 }\n",
+            ["cuda"],
+        ),
+        ("shapes.toml", ["cat_slices", "pairs", "topk"], "", ["cpu", "cuda"]),
+    ],
+)
 def test_zoo_on_cuda(workdir: Path, spec_name: str, graphs: list[str], kwargs: str, devices: list[str]) -> None:
     major, minor = torch.cuda.get_device_capability()
     text = (workdir / "projects" / spec_name).read_text()
@@ -107,12 +151,24 @@ def test_zoo_on_cuda(workdir: Path, spec_name: str, graphs: list[str], kwargs: s
     assert len(kept) == len(graphs), f"{spec_name} lacks one of the graphs {graphs}"
     if kwargs:
         kept = [edited(b, "inputs = [", kwargs + "inputs = [", 1) for b in kept]
-        kept = [edited(b, "batch = { min = 1, max = 8 }, seq = { min = 2, max = 64 }", "batch = { min = 1, max = 16 }, seq = { min = 8, max = 128 }")
-                for b in kept]
+        kept = [
+            edited(
+                b,
+                "batch = { min = 1, max = 8 }, seq = { min = 2, max = 64 }",
+                "batch = { min = 1, max = 16 }, seq = { min = 8, max = 128 }",
+            )
+            for b in kept
+        ]
     name = spec_name.removesuffix(".toml") + "_cuda"
     spec = workdir / "projects" / f"{name}.toml"
-    targets = "".join(f'\n[[target]]\ndevice = "{d}"\n' + (f'archs = ["sm_{major}{minor}"]\n' if d == "cuda" else "") for d in devices)
-    spec.write_text(re.sub(r'(?m)^name = ".*"$', f'name = "{name}"', blocks[0], count=1) + "".join("[[graph]]" + b for b in kept) + targets)
+    targets = "".join(
+        f'\n[[target]]\ndevice = "{d}"\n' + (f'archs = ["sm_{major}{minor}"]\n' if d == "cuda" else "") for d in devices
+    )
+    spec.write_text(
+        re.sub(r'(?m)^name = ".*"$', f'name = "{name}"', blocks[0], count=1)
+        + "".join("[[graph]]" + b for b in kept)
+        + targets
+    )
     report = check(spec, workdir)
     if len(devices) > 1:
         assert {c["case"].split(":")[0] for c in report["comparisons"]} == set(devices)

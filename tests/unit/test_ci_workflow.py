@@ -1,5 +1,6 @@
 """`shimgen ci`: the workflow is valid against GitHub's workflow schema (SchemaStore's, in tests/data: see its README),
-has one job per build identifier with the right runner and torch index, embeds awkward paths as the text they are, and its
+has one job per build identifier with the right runner and torch index, embeds awkward paths as the text they are, and
+its
 CPU jobs' commands, run here, build a wheel."""
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ def write_spec(directory: Path, name: str, extra: str) -> Path:
     """projects/mlp.toml renamed, built fast (conftest.FAST_FLAGS), with `extra` (targets, [matrix]) appended."""
     directory.mkdir(parents=True, exist_ok=True)
     spec = directory / f"{name}.toml"
-    text = edited(with_flags((REPO / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', f'name = "{name}"')
+    text = edited(
+        with_flags((REPO / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', f'name = "{name}"'
+    )
     spec.write_text(text + extra, encoding="utf-8")
     return spec
 
@@ -75,7 +78,12 @@ def test_cpu_and_cuda_matrix_is_a_valid_workflow_with_a_job_per_identifier(gpu_s
     assert [e["identifier"] for e in include] == [b.identifier for b in ids]
     assert {b.target.device for b in ids} == {"cpu", "cuda"}
     for entry, b in zip(include, ids, strict=True):
-        assert (entry["python"], entry["torch"], entry["cuda"], entry["device"]) == (b.python, b.torch, b.cuda or "", b.target.device)
+        assert (entry["python"], entry["torch"], entry["cuda"], entry["device"]) == (
+            b.python,
+            b.torch,
+            b.cuda or "",
+            b.target.device,
+        )
         if b.cuda:
             assert entry["runner"] == ["self-hosted", "linux", "gpu"]
             assert entry["torch_index"] == f"{ci_workflow.TORCH_INDEX}/cu{b.cuda.replace('.', '')}"
@@ -92,8 +100,10 @@ def test_steps_install_torch_first_then_shimgen_then_build_check_and_upload(gpu_
     uses = [s["uses"].split("@")[0] for s in steps if "uses" in s]
     assert uses == ["actions/checkout", "actions/setup-python", "actions/upload-artifact"]
     runs = [s["run"] for s in steps if "run" in s]
-    assert [r.split()[:4] for r in runs] == [["python", "-m", "pip", "install"]] * 2 + [["shimgen", "build", '"$SPEC"', "--only"],
-                                                                                      ["shimgen", "check", '"$SPEC"', "--only"]]
+    assert [r.split()[:4] for r in runs] == [["python", "-m", "pip", "install"]] * 2 + [
+        ["shimgen", "build", '"$SPEC"', "--only"],
+        ["shimgen", "check", '"$SPEC"', "--only"],
+    ]
     assert "torch==" in runs[0] and "--index-url" in runs[0]
     assert steps[-1]["with"] == {"name": "${{ matrix.identifier }}", "path": "dist/*.whl", "if-no-files-found": "error"}
 
@@ -103,7 +113,9 @@ def test_resnet_spec_is_a_valid_workflow() -> None:
     workflow = parse(ci_workflow.workflow(spec, REPO, [], ci_workflow.default_requirement()))
     validate(workflow)
     build = job(workflow)
-    assert [e["identifier"] for e in build["strategy"]["matrix"]["include"]] == [b.identifier for b in matrix.identifiers(load_spec(spec))]
+    assert [e["identifier"] for e in build["strategy"]["matrix"]["include"]] == [
+        b.identifier for b in matrix.identifiers(load_spec(spec))
+    ]
     assert build["env"]["SPEC"] == "projects/resnet.toml"
 
 
@@ -128,8 +140,20 @@ def test_awkward_paths_and_requirements_read_back_as_written(tmp_path: Path) -> 
         ci_workflow.workflow(spec, tmp_path, [], "shimgen==${{ secrets.TOKEN }}")
 
 
-@pytest.mark.parametrize("text", ["", "plain", "3.10", "on", "null", "- [a]: {b} #c &d *e !f |g >h %i @j `k", 'q"uo\'te\\',
-                                  "tab\there\nnew line\r\x00\x7f\x85\u2028\u2029\ufeff", "ünïcødé ✓ 🙂"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "plain",
+        "3.10",
+        "on",
+        "null",
+        "- [a]: {b} #c &d *e !f |g >h %i @j `k",
+        "q\"uo'te\\",
+        "tab\there\nnew line\r\x00\x7f\x85\u2028\u2029\ufeff",
+        "ünïcødé ✓ 🙂",
+    ],
+)
 def test_yaml_filter_reads_back_as_the_text(text: str) -> None:
     assert yaml.safe_load(f"v: {escape.yaml(text)}") == {"v": text}
     assert yaml.safe_load(f"v: {escape.yaml([text, text])}") == {"v": [text, text]}
@@ -145,7 +169,10 @@ def test_default_root_is_the_git_top_directory(tmp_path: Path) -> None:
     (tmp_path / "repo" / ".git").mkdir(parents=True)
     spec = write_spec(tmp_path / "repo" / "a" / "b", "rooted", "")
     assert ci_workflow.default_root(spec) == tmp_path / "repo"
-    assert ci_workflow.default_output(tmp_path / "repo", spec) == tmp_path / "repo" / ".github" / "workflows" / "shimgen-rooted.yml"
+    assert (
+        ci_workflow.default_output(tmp_path / "repo", spec)
+        == tmp_path / "repo" / ".github" / "workflows" / "shimgen-rooted.yml"
+    )
 
 
 def test_cli_writes_and_prints_the_workflow(gpu_spec: Path, tmp_path: Path) -> None:
@@ -179,26 +206,44 @@ def job_env(build: dict[str, Any], entry: dict[str, Any]) -> dict[str, str]:
 @pytest.mark.parametrize("python", PYTHONS)
 @pytest.mark.parametrize("torch", TORCHES)
 def test_cpu_jobs_commands_build_locally(python: str, torch: str, tmp_path: Path) -> None:
-    """The CPU job for `python` and `torch`, run here: its `run:` steps in order with its env, in bash, in a copy of projects/ as
-    the repository. Skipped: the `uses:` steps (checkout, setup-python, upload; the upload's path glob is checked instead) and
-    the "Install ..." steps, which install torch and shimgen into a runner: this venv has both. A job for another Python or
+    """The CPU job for `python` and `torch`, run here: its `run:` steps in order with its env, in bash, in a copy of
+    projects/ as
+    the repository. Skipped: the `uses:` steps (checkout, setup-python, upload; the upload's path glob is checked
+    instead) and
+    the "Install ..." steps, which install torch and shimgen into a runner: this venv has both. A job for another Python
+    or
     torch than this environment's is skipped."""
     root = tmp_path / "repo"
     shutil.copytree(REPO / "projects", root / "projects", ignore=shutil.ignore_patterns("__pycache__"))
     spec = write_spec(root / "projects", "ci_mlp", matrix_table(cuda=False))
     build = job(parse(ci_workflow.workflow(spec, root, [], ci_workflow.default_requirement())))
-    entry = next(e for e in build["strategy"]["matrix"]["include"] if (e["python"], e["torch"], e["device"]) == (python, torch, "cpu"))
+    entry = next(
+        e
+        for e in build["strategy"]["matrix"]["include"]
+        if (e["python"], e["torch"], e["device"]) == (python, torch, "cpu")
+    )
     if (python, torch) != (RUNNING_PYTHON, RUNNING_TORCH):
-        pytest.skip(f"{entry['identifier']} runs with Python {python} and torch {torch}; this environment has {RUNNING_PYTHON} and "
-                    f"{RUNNING_TORCH}")
-    env = {**os.environ, **job_env(build, entry), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        pytest.skip(
+            f"{entry['identifier']} runs with Python {python} and torch {torch}; this environment has {RUNNING_PYTHON} and "
+            f"{RUNNING_TORCH}"
+        )
+    env = {
+        **os.environ,
+        **job_env(build, entry),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
     ran = []
     for step in build["steps"]:
         if "run" not in step or step.get("name", "").startswith("Install "):
             continue
         script = commands(step, entry)
-        done = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script], cwd=root, env=env,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert done.returncode == 0, f"{script}\n{done.stderr[-4000:]}"
         ran.append(step["name"])
     assert ran == ["Build", "Check against eager"]

@@ -31,8 +31,10 @@ def unchecked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def refusal(what: str) -> str:
     """The message's pattern for a torch whose `what` changed."""
-    return (rf"^torch \d+\.\d+\.\d+: (.*; )?{re.escape(what)} changed \(.*\)(; .*)?; "
-            rf"shimgen supports torch {re.escape(compat.supported_range())}$")
+    return (
+        rf"^torch \d+\.\d+\.\d+: (.*; )?{re.escape(what)} changed \(.*\)(; .*)?; "
+        rf"shimgen supports torch {re.escape(compat.supported_range())}$"
+    )
 
 
 @pytest.mark.parametrize("stage", [compat.TRACE, compat.CODEGEN])
@@ -92,19 +94,27 @@ def test_a_config_key_this_torch_lacks_is_named(monkeypatch: pytest.MonkeyPatch,
     assert "cpp.no_such_key" in str(raised.value)
 
 
-def test_a_gemm_template_without_the_text_openmp_edits_is_named(monkeypatch: pytest.MonkeyPatch, unchecked: None) -> None:
+def test_a_gemm_template_without_the_text_openmp_edits_is_named(
+    monkeypatch: pytest.MonkeyPatch, unchecked: None
+) -> None:
     import inspect
 
     source = inspect.getsource
-    monkeypatch.setattr(inspect, "getsource", lambda obj: source(obj).replace("mm_get_thread_blocking(num_threads,", "blocking("))
+    monkeypatch.setattr(
+        inspect, "getsource", lambda obj: source(obj).replace("mm_get_thread_blocking(num_threads,", "blocking(")
+    )
     with pytest.raises(UserError, match=refusal("Inductor's C++ GEMM template")) as raised:
         compat.check(compat.CODEGEN)
     assert "mm_get_thread_blocking(num_threads," in str(raised.value)
 
 
 def test_every_config_key_codegen_sets_is_checked() -> None:
-    targets = [Target(device="cpu", isa=isa) for isa in ("native", "avx2", "avx512", "default")] + [Target(device="cuda", archs=["sm_90"])]
-    for target, weights, gemm, full, tma, onednn in itertools.product(targets, ("embedded", "file"), *[(False, True)] * 4):
+    targets = [Target(device="cpu", isa=isa) for isa in ("native", "avx2", "avx512", "default")] + [
+        Target(device="cuda", archs=["sm_90"])
+    ]
+    for target, weights, gemm, full, tma, onednn in itertools.product(
+        targets, ("embedded", "file"), *[(False, True)] * 4
+    ):
         flags = Flags(weights=weights, gemm_autotune=gemm, max_autotune=full, tma=tma, onednn=onednn)
         assert set(codegen.inductor_configs(target, flags, "g++")) <= set(codegen.CONFIG_KEYS)
 
@@ -125,7 +135,9 @@ GEMM = """extern "C" void cpp_fused_a(int* done, int64_t M) {{
 def test_a_gemm_edit_that_finds_nothing_is_an_error_naming_the_template() -> None:
     assert "tid < num_threads; tid++)" in gemm_threads_from_caller(GEMM.format(loop="tid < 2"))
     # Partitions left at the build machine's count while the blocking follows the caller's team: a wrong GEMM.
-    with pytest.raises(UserError, match=r"Inductor's C\+\+ GEMM template changed \(.*'tid < 2; tid\+\+\)'.*shimgen supports torch"):
+    with pytest.raises(
+        UserError, match=r"Inductor's C\+\+ GEMM template changed \(.*'tid < 2; tid\+\+\)'.*shimgen supports torch"
+    ):
         gemm_threads_from_caller(GEMM.format(loop="tid < int64_t(2)"))
 
 
@@ -134,13 +146,17 @@ def test_user_kernel_guard_passes_on_the_arguments_torch_2_14_added() -> None:
     call_hop = user_triton._refusing_hidden_tensors(lambda *args: calls.append(args))
     call_hop("hopifier", "variable", "grids", {"x": 1}, "launch_kwargs", "kernel_arg_names", "tx")  # torch 2.14
     call_hop("hopifier", "variable", "grids", {"x": 1}, "tx")  # torch 2.13
-    assert calls == [("hopifier", "variable", "grids", {"x": 1}, "launch_kwargs", "kernel_arg_names", "tx"),
-                     ("hopifier", "variable", "grids", {"x": 1}, "tx")]
+    assert calls == [
+        ("hopifier", "variable", "grids", {"x": 1}, "launch_kwargs", "kernel_arg_names", "tx"),
+        ("hopifier", "variable", "grids", {"x": 1}, "tx"),
+    ]
 
 
 # What only shimgen/inductor/ may write: a private torch module or attribute (torch._C, torch.utils._pytree,
 # torch.fx.experimental._config, ...), pytree by any name, a patch of anything.
-_PRIVATE = re.compile(r"\btorch(?:\s*\.\s*\w+)*\s*\.\s*_\w+|\b_pytree\b|\bmock\s*\.\s*patch|\bfrom\s+unittest\s+import\s+mock\b|\bpatch\.object\b")
+_PRIVATE = re.compile(
+    r"\btorch(?:\s*\.\s*\w+)*\s*\.\s*_\w+|\b_pytree\b|\bmock\s*\.\s*patch|\bfrom\s+unittest\s+import\s+mock\b|\bpatch\.object\b"
+)
 
 
 def _code_only(source: str) -> str:
@@ -158,8 +174,8 @@ def _code_only(source: str) -> str:
 
 
 def test_code_only_blanks_comments_and_strings() -> None:
-    assert _PRIVATE.search(_code_only('import torch._C\n'))
-    assert _PRIVATE.search(_code_only('from torch.utils import _pytree as p\n'))
+    assert _PRIVATE.search(_code_only("import torch._C\n"))
+    assert _PRIVATE.search(_code_only("from torch.utils import _pytree as p\n"))
     assert not _PRIVATE.search(_code_only('x = "torch._inductor"  # torch._C\n"""torch._export\n_pytree"""\n'))
 
 
@@ -169,15 +185,22 @@ def test_private_torch_is_used_only_in_shimgen_inductor() -> None:
         if path.is_relative_to(ADAPTER):
             continue
         code = _code_only(path.read_text())
-        offenders += [f"{path.relative_to(SHIMGEN.parent)}:{code.count(chr(10), 0, m.start()) + 1}: {m[0]}" for m in _PRIVATE.finditer(code)]
-    assert offenders == [], "private torch API outside shimgen/inductor/ (call a function of the adapter instead):\n" + "\n".join(offenders)
+        offenders += [
+            f"{path.relative_to(SHIMGEN.parent)}:{code.count(chr(10), 0, m.start()) + 1}: {m[0]}"
+            for m in _PRIVATE.finditer(code)
+        ]
+    assert offenders == [], (
+        "private torch API outside shimgen/inductor/ (call a function of the adapter instead):\n" + "\n".join(offenders)
+    )
 
 
 def test_the_trace_stage_imports_no_inductor_codegen() -> None:
     """The trace's checks must not cost Inductor's import: a trace worker never needs it."""
     import subprocess
 
-    code = ("import sys; from shimgen.inductor import compat; import torch; compat.check(compat.TRACE); "
-            "print('torch._inductor.codegen.cpp' in sys.modules)")
+    code = (
+        "import sys; from shimgen.inductor import compat; import torch; compat.check(compat.TRACE); "
+        "print('torch._inductor.codegen.cpp' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SHIMGEN.parent)
     assert out.stdout.strip() == "False"

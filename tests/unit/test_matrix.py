@@ -44,7 +44,8 @@ def test_identifiers_are_target_x_torch_x_python_x_cuda(tmp_path: Path) -> None:
     assert len(ids) == len(set(ids)) == 2 * 2 * 2  # two targets, two torch, two Python, one CUDA
     for job in jobs:
         expected = f"cp{job['python'].replace('.', '')}-torch{job['torch']}-" + (
-            "cpu-native" if job["device"] == "cpu" else f"cu{job['cuda'].replace('.', '')}-sm_80-sm_90")
+            "cpu-native" if job["device"] == "cpu" else f"cu{job['cuda'].replace('.', '')}-sm_80-sm_90"
+        )
         assert job["identifier"] == expected
     assert {(j["python"], j["torch"]) for j in jobs} == {(p, t) for p in ("3.11", "3.12") for t in ("2.13.0", "2.14.1")}
 
@@ -56,13 +57,23 @@ def test_defaults_are_the_running_python_and_torch(workdir: Path) -> None:
 
 def test_only_refuses_an_identifier_this_environment_cannot_build(tmp_path: Path) -> None:
     spec = tmp_path / "mx.toml"
-    spec.write_text(edited(SPEC, 'torch = ["2.13.0", "2.14.1"]', 'torch = ["2.13.0", "2.14.1", "' + torch.__version__.split("+")[0] + '"]')
-                    if torch.__version__.split("+")[0] not in ("2.13.0", "2.14.1") else SPEC)
+    spec.write_text(
+        edited(
+            SPEC,
+            'torch = ["2.13.0", "2.14.1"]',
+            'torch = ["2.13.0", "2.14.1", "' + torch.__version__.split("+")[0] + '"]',
+        )
+        if torch.__version__.split("+")[0] not in ("2.13.0", "2.14.1")
+        else SPEC
+    )
     other = "2.14.1" if torch.__version__.startswith("2.13") else "2.13.0"
     wanted = f"cp{sys.version_info.major}{sys.version_info.minor}-torch{other}-cpu-native"
     refused = shimgen("build", spec, "--only", wanted, "--out", tmp_path)
     assert refused.returncode == 2
-    assert f"--only {wanted} builds with torch {other}; this environment has torch {torch.__version__.split('+')[0]}" in refused.stderr
+    assert (
+        f"--only {wanted} builds with torch {other}; this environment has torch {torch.__version__.split('+')[0]}"
+        in refused.stderr
+    )
     unknown = shimgen("build", spec, "--only", "cp27-nothing", "--out", tmp_path)
     assert unknown.returncode == 2
     assert "no build identifier of the spec matches" in unknown.stderr and wanted in unknown.stderr
@@ -74,7 +85,9 @@ def test_torch_outside_the_supported_range_is_refused(tmp_path: Path) -> None:
     spec.write_text(edited(SPEC, '"2.14.1"]', '"2.10.0"]'))
     refused = shimgen("matrix", spec)
     assert refused.returncode == 2
-    assert re.search(r"matrix\.torch\[1\]: torch 2\.10\.0 is outside the range this shimgen supports \(.*>=2\.11.*\)", refused.stderr)
+    assert re.search(
+        r"matrix\.torch\[1\]: torch 2\.10\.0 is outside the range this shimgen supports \(.*>=2\.11.*\)", refused.stderr
+    )
 
 
 def test_a_version_with_a_local_label_is_refused(tmp_path: Path) -> None:

@@ -24,10 +24,19 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
 
 def test_runtime_unit_tests_pass(built: tuple[Path, object]) -> None:
     build_dir, tc = built
-    result = subprocess.run([tc.meson, "test", "-C", str(build_dir), "--print-errorlogs"], capture_output=True, text=True, env=tc.env())
+    result = subprocess.run(
+        [tc.meson, "test", "-C", str(build_dir), "--print-errorlogs"], capture_output=True, text=True, env=tc.env()
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     log = (build_dir / "meson-logs" / "testlog.txt").read_text()
-    for name in ("checks", "dims_bind_across_inputs", "dispatch", "output_tree", "output_tree_failure", "cpp_face_errors"):
+    for name in (
+        "checks",
+        "dims_bind_across_inputs",
+        "dispatch",
+        "output_tree",
+        "output_tree_failure",
+        "cpp_face_errors",
+    ):
         assert f"ok {name}" in log, log
 
 

@@ -27,7 +27,9 @@ def test_schema_command_prints_json_schema() -> None:
 
 
 def test_docs_match_the_spec_model() -> None:
-    assert (REPO / "docs" / "spec.md").read_text() == markdown_reference() + "\n", "regenerate: shimgen schema --format markdown > docs/spec.md"
+    assert (REPO / "docs" / "spec.md").read_text() == markdown_reference() + "\n", (
+        "regenerate: shimgen schema --format markdown > docs/spec.md"
+    )
 
 
 def _check_against_schema(value: object, schema: dict) -> None:

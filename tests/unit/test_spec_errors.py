@@ -35,147 +35,371 @@ def input_keys(text: str) -> str:
     """The good spec with more keys on input x."""
     return PROJECT + edited(GOOD_GRAPH, 'shape = ["batch", 32] }', f'shape = ["batch", 32], {text} }}')
 
+
 CASES = [
-    ("toml syntax", "[project\nname = 1", "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 9)"),
-    ("unknown key", PROJECT + edited(GOOD_GRAPH, "name = \"forward\"", "nmae = \"forward\""), "graph[0].nmae: unknown key (did you mean 'name'?)"),
+    (
+        "toml syntax",
+        "[project\nname = 1",
+        "not valid TOML: Expected ']' at the end of a table declaration (at line 1, column 9)",
+    ),
+    (
+        "unknown key",
+        PROJECT + edited(GOOD_GRAPH, 'name = "forward"', 'nmae = "forward"'),
+        "graph[0].nmae: unknown key (did you mean 'name'?)",
+    ),
     ("unknown table", PROJECT + GOOD_GRAPH + "[flag]\nsplit = 1\n", "flag: unknown key (did you mean 'flags'?)"),
-    ("wrong type", '[project]\nname = "demo"\nversion = 1\n' + GOOD_GRAPH, "project.version: expected a string, got an integer (1)"),
-    ("bad dtype", PROJECT + edited(GOOD_GRAPH, 'shape = ["batch", 32] }', 'shape = ["batch", 32], dtype = "float33" }'),
-     f"graph[0].inputs[0].dtype: 'float33' is not a dtype (expected one of: {DTYPES})"),
-    ("missing key", PROJECT + edited(GOOD_GRAPH, 'entry = "models.mlp:mlp"\n', ""), "graph[0].entry: missing required key"),
-    ("name not identifier", '[project]\nname = "my-model"\n' + GOOD_GRAPH, "project.name: 'my-model' is not a valid Python identifier"),
-    ("name escapes out dir", '[project]\nname = "../../etc"\n' + GOOD_GRAPH, "project.name: '../../etc' is not a valid Python identifier"),
-    ("graph name escapes", PROJECT + edited(GOOD_GRAPH, 'name = "forward"', 'name = "a/b"'), "graph[0].name: 'a/b' is not a valid Python identifier"),
-    ("reserved graph name", PROJECT + edited(GOOD_GRAPH, 'name = "forward"', 'name = "_hidden"'),
-     "graph[0].name: '_hidden' is reserved (no leading underscore, not 'torch')"),
+    (
+        "wrong type",
+        '[project]\nname = "demo"\nversion = 1\n' + GOOD_GRAPH,
+        "project.version: expected a string, got an integer (1)",
+    ),
+    (
+        "bad dtype",
+        PROJECT + edited(GOOD_GRAPH, 'shape = ["batch", 32] }', 'shape = ["batch", 32], dtype = "float33" }'),
+        f"graph[0].inputs[0].dtype: 'float33' is not a dtype (expected one of: {DTYPES})",
+    ),
+    (
+        "missing key",
+        PROJECT + edited(GOOD_GRAPH, 'entry = "models.mlp:mlp"\n', ""),
+        "graph[0].entry: missing required key",
+    ),
+    (
+        "name not identifier",
+        '[project]\nname = "my-model"\n' + GOOD_GRAPH,
+        "project.name: 'my-model' is not a valid Python identifier",
+    ),
+    (
+        "name escapes out dir",
+        '[project]\nname = "../../etc"\n' + GOOD_GRAPH,
+        "project.name: '../../etc' is not a valid Python identifier",
+    ),
+    (
+        "graph name escapes",
+        PROJECT + edited(GOOD_GRAPH, 'name = "forward"', 'name = "a/b"'),
+        "graph[0].name: 'a/b' is not a valid Python identifier",
+    ),
+    (
+        "reserved graph name",
+        PROJECT + edited(GOOD_GRAPH, 'name = "forward"', 'name = "_hidden"'),
+        "graph[0].name: '_hidden' is reserved (no leading underscore, not 'torch')",
+    ),
     ("duplicate graph", PROJECT + GOOD_GRAPH + GOOD_GRAPH, "graph[1].name: graph name 'forward' is used twice"),
-    ("unknown dim", PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["btach", 32]'),
-     "graph[0].inputs[0].shape[0]: 'btach' is not a dim of this graph (dims: batch)"),
-    ("dim range", PROJECT + edited(GOOD_GRAPH, "min = 1, max = 8", "min = 9, max = 8"), "graph[0].dims.batch.max: max 8 is below min 9"),
-    ("entry syntax", PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "models/mlp.py"),
-     "graph[0].entry: 'models/mlp.py' is not 'package.module:callable'"),
-    ("tma on cpu", PROJECT + GOOD_GRAPH + "[flags]\ntma = true\n",
-     'flags.tma: tma applies to cuda targets only; add a [[target]] with device = "cuda"'),
-    ("tma before hopper", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_80", "sm_90"]\n[flags]\ntma = true\n',
-     "flags.tma: TMA needs Hopper or newer (sm_90+); the cuda target lists sm_80"),
-    ("arch twice", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90", "sm_90"]\n', "target[0].archs[1]: 'sm_90' is listed twice"),
-    ("bad arch", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["hopper"]\n',
-     "target[0].archs[0]: 'hopper' is not a CUDA arch such as 'sm_90'"),
-    ("isa on cuda", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\nisa = "avx2"\narchs = ["sm_90"]\n',
-     "target[0].isa: isa applies to cpu targets only"),
-    ("bad isa", PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cpu"\nisa = "sse9"\n',
-     "target[0].isa: 'sse9' is not a valid isa (expected one of: native, avx2, avx512, default)"),
-    ("empty custom op", PROJECT + GOOD_GRAPH + '[[custom_op]]\n',
-     "custom_op[0]: give `sources` (C++/CUDA files defining ops with TORCH_LIBRARY) or `module` (a Python module), or both"),
-    ("cu without cuda", PROJECT + GOOD_GRAPH + '[[custom_op]]\nsources = ["k.cu"]\n',
-     'custom_op[0].sources[0]: \'k.cu\' is CUDA: .cu sources need a [[target]] with device = "cuda"'),
-    ("custom op source type", PROJECT + GOOD_GRAPH + '[[custom_op]]\nsources = ["k.py"]\n',
-     "custom_op[0].sources[0]: 'k.py' is not a C++ (.cpp, .cc, .cxx) or CUDA (.cu) source"),
-    ("custom op module name", PROJECT + GOOD_GRAPH + '[[custom_op]]\nmodule = "my-ops"\n',
-     "custom_op[0].module: 'my-ops' is not a Python module name such as 'my_ops' or 'pkg.ops'"),
-    ("no module", PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "nowhere.model:build"),
-     "graph[0].entry: cannot import 'nowhere.model': ModuleNotFoundError: No module named 'nowhere'"),
-    ("no attribute", PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "models.mlp:nope"),
-     "graph[0].entry: module 'models.mlp' has no attribute 'nope'"),
-    ("module raises", PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "broken:model"),
-     "graph[0].entry: cannot import 'broken': RuntimeError: cannot build at import (at broken.py:2)"),
+    (
+        "unknown dim",
+        PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["btach", 32]'),
+        "graph[0].inputs[0].shape[0]: 'btach' is not a dim of this graph (dims: batch)",
+    ),
+    (
+        "dim range",
+        PROJECT + edited(GOOD_GRAPH, "min = 1, max = 8", "min = 9, max = 8"),
+        "graph[0].dims.batch.max: max 8 is below min 9",
+    ),
+    (
+        "entry syntax",
+        PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "models/mlp.py"),
+        "graph[0].entry: 'models/mlp.py' is not 'package.module:callable'",
+    ),
+    (
+        "tma on cpu",
+        PROJECT + GOOD_GRAPH + "[flags]\ntma = true\n",
+        'flags.tma: tma applies to cuda targets only; add a [[target]] with device = "cuda"',
+    ),
+    (
+        "tma before hopper",
+        PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_80", "sm_90"]\n[flags]\ntma = true\n',
+        "flags.tma: TMA needs Hopper or newer (sm_90+); the cuda target lists sm_80",
+    ),
+    (
+        "arch twice",
+        PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90", "sm_90"]\n',
+        "target[0].archs[1]: 'sm_90' is listed twice",
+    ),
+    (
+        "bad arch",
+        PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["hopper"]\n',
+        "target[0].archs[0]: 'hopper' is not a CUDA arch such as 'sm_90'",
+    ),
+    (
+        "isa on cuda",
+        PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\nisa = "avx2"\narchs = ["sm_90"]\n',
+        "target[0].isa: isa applies to cpu targets only",
+    ),
+    (
+        "bad isa",
+        PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cpu"\nisa = "sse9"\n',
+        "target[0].isa: 'sse9' is not a valid isa (expected one of: native, avx2, avx512, default)",
+    ),
+    (
+        "empty custom op",
+        PROJECT + GOOD_GRAPH + "[[custom_op]]\n",
+        "custom_op[0]: give `sources` (C++/CUDA files defining ops with TORCH_LIBRARY) or `module` (a Python module), or both",
+    ),
+    (
+        "cu without cuda",
+        PROJECT + GOOD_GRAPH + '[[custom_op]]\nsources = ["k.cu"]\n',
+        "custom_op[0].sources[0]: 'k.cu' is CUDA: .cu sources need a [[target]] with device = \"cuda\"",
+    ),
+    (
+        "custom op source type",
+        PROJECT + GOOD_GRAPH + '[[custom_op]]\nsources = ["k.py"]\n',
+        "custom_op[0].sources[0]: 'k.py' is not a C++ (.cpp, .cc, .cxx) or CUDA (.cu) source",
+    ),
+    (
+        "custom op module name",
+        PROJECT + GOOD_GRAPH + '[[custom_op]]\nmodule = "my-ops"\n',
+        "custom_op[0].module: 'my-ops' is not a Python module name such as 'my_ops' or 'pkg.ops'",
+    ),
+    (
+        "no module",
+        PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "nowhere.model:build"),
+        "graph[0].entry: cannot import 'nowhere.model': ModuleNotFoundError: No module named 'nowhere'",
+    ),
+    (
+        "no attribute",
+        PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "models.mlp:nope"),
+        "graph[0].entry: module 'models.mlp' has no attribute 'nope'",
+    ),
+    (
+        "module raises",
+        PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "broken:model"),
+        "graph[0].entry: cannot import 'broken': RuntimeError: cannot build at import (at broken.py:2)",
+    ),
     ("empty file", "", "project: missing required key"),
-    ("project name too long", f'[project]\nname = "{"p" * 101}"\n' + GOOD_GRAPH,
-     "project.name: 101 characters long; at most 100 (it goes into file names)"),
-    ("graph name too long", PROJECT + edited(GOOD_GRAPH, 'name = "forward"', f'name = "{"g" * 240}"'),
-     "graph[0].name: 240 characters long; at most 100 (it goes into file names)"),
-    ("version too long", f'[project]\nname = "demo"\nversion = "1{".0" * 40}"\n' + GOOD_GRAPH,
-     "project.version: 81 characters long; at most 64 (it goes into file names)"),
-    ("version not pep 440", '[project]\nname = "demo"\nversion = "one point oh"\n' + GOOD_GRAPH,
-     "project.version: 'one point oh' is not a PEP 440 version such as '1.0', '0.2.1' or '1.0rc1'"),
-    ("description two lines", '[project]\nname = "demo"\ndescription = """one\ntwo"""\n' + GOOD_GRAPH,
-     "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break"),
-    ("description carriage return", '[project]\nname = "demo"\ndescription = "one\\rtwo"\n' + GOOD_GRAPH,
-     "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break"),
-    ("description line separator", '[project]\nname = "demo"\ndescription = "one\\u2028two"\n' + GOOD_GRAPH,
-     "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break"),
-    ("description NUL", '[project]\nname = "demo"\ndescription = "one\\u0000two"\n' + GOOD_GRAPH,
-     "project.description: must be a single line of printable text (it is the wheel's Summary); it holds the control character '\\x00'"),
-    ("dim max beyond torch", dims("{ max = 9223372036854775807 }"),
-     "graph[0].dims.batch.max: max 9223372036854775807 is beyond 9223372036854775806 (2**63 - 2), "
-     "the largest dim size torch.export supports (sys.maxsize - 1)"),
-    ("dim max equals min", dims("{ min = 4, max = 4 }"),
-     "graph[0].dims.batch.max: max equals min (4): a size that never changes is static; write 4 in the input shapes instead of 'batch'"),
+    (
+        "project name too long",
+        f'[project]\nname = "{"p" * 101}"\n' + GOOD_GRAPH,
+        "project.name: 101 characters long; at most 100 (it goes into file names)",
+    ),
+    (
+        "graph name too long",
+        PROJECT + edited(GOOD_GRAPH, 'name = "forward"', f'name = "{"g" * 240}"'),
+        "graph[0].name: 240 characters long; at most 100 (it goes into file names)",
+    ),
+    (
+        "version too long",
+        f'[project]\nname = "demo"\nversion = "1{".0" * 40}"\n' + GOOD_GRAPH,
+        "project.version: 81 characters long; at most 64 (it goes into file names)",
+    ),
+    (
+        "version not pep 440",
+        '[project]\nname = "demo"\nversion = "one point oh"\n' + GOOD_GRAPH,
+        "project.version: 'one point oh' is not a PEP 440 version such as '1.0', '0.2.1' or '1.0rc1'",
+    ),
+    (
+        "description two lines",
+        '[project]\nname = "demo"\ndescription = """one\ntwo"""\n' + GOOD_GRAPH,
+        "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break",
+    ),
+    (
+        "description carriage return",
+        '[project]\nname = "demo"\ndescription = "one\\rtwo"\n' + GOOD_GRAPH,
+        "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break",
+    ),
+    (
+        "description line separator",
+        '[project]\nname = "demo"\ndescription = "one\\u2028two"\n' + GOOD_GRAPH,
+        "project.description: must be a single line of printable text (it is the wheel's Summary); it holds a line break",
+    ),
+    (
+        "description NUL",
+        '[project]\nname = "demo"\ndescription = "one\\u0000two"\n' + GOOD_GRAPH,
+        "project.description: must be a single line of printable text (it is the wheel's Summary); it holds the control character '\\x00'",
+    ),
+    (
+        "dim max beyond torch",
+        dims("{ max = 9223372036854775807 }"),
+        "graph[0].dims.batch.max: max 9223372036854775807 is beyond 9223372036854775806 (2**63 - 2), "
+        "the largest dim size torch.export supports (sys.maxsize - 1)",
+    ),
+    (
+        "dim max equals min",
+        dims("{ min = 4, max = 4 }"),
+        "graph[0].dims.batch.max: max equals min (4): a size that never changes is static; write 4 in the input shapes instead of 'batch'",
+    ),
     ("dim min zero", dims("{ min = 0, max = 8 }"), "graph[0].dims.batch.min: min must be at least 1, got 0"),
     ("dim unused", dims("{ max = 8 }, seq = { max = 4 }"), "graph[0].dims.seq: not used by any input shape"),
-    ("negative size", PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", -32]'), "graph[0].inputs[0].shape[1]: size -32 is negative"),
-    ("multiple_of zero", dims("{ max = 8, multiple_of = 0 }"), "graph[0].dims.batch.multiple_of: multiple_of must be at least 1, got 0"),
-    ("min not multiple", dims("{ min = 3, max = 16, multiple_of = 4 }"),
-     "graph[0].dims.batch.min: min 3 is not a multiple of 4 (multiple_of); use 4"),
-    ("min not multiple, two near", dims("{ min = 6, max = 16, multiple_of = 4 }"),
-     "graph[0].dims.batch.min: min 6 is not a multiple of 4 (multiple_of); use 4 or 8"),
-    ("max not multiple", dims("{ min = 4, max = 10, multiple_of = 4 }"),
-     "graph[0].dims.batch.max: max 10 is not a multiple of 4 (multiple_of); use 8 or 12"),
-    ("max not multiple, above min", dims("{ min = 4, max = 6, multiple_of = 4 }"),
-     "graph[0].dims.batch.max: max 6 is not a multiple of 4 (multiple_of); use 8"),
-    ("example not multiple", dims("{ min = 4, max = 16, multiple_of = 4, example = 6 }"),
-     "graph[0].dims.batch.example: example 6 is not a multiple of 4 (multiple_of); use 4 or 8"),
-    ("specialize outside", dims("{ max = 8, specialize = [1, 9] }"), "graph[0].dims.batch.specialize[1]: size 9 is outside [1, 8]"),
-    ("specialize not multiple", dims("{ min = 4, max = 16, multiple_of = 4, specialize = [6] }"),
-     "graph[0].dims.batch.specialize[0]: specialize[0] 6 is not a multiple of 4 (multiple_of); use 4 or 8"),
-    ("specialize twice", dims("{ max = 8, specialize = [2, 2] }"), "graph[0].dims.batch.specialize[1]: size 2 is listed twice"),
-    ("too many variants", PROJECT + edited(edited(GOOD_GRAPH, '["batch", 32]', '["batch", "width"]'), "{ min = 1, max = 8 }", "{ min = 1, max = 8, specialize = [1, 2, 3, 4, 5] }, width = { min = 1, max = 64, specialize = [8, 16, 32, 64] }"),
-     "graph[0].dims: 5 (batch) x 4 (width) = 20 specialized variants; at most 16 per graph, each a compiled copy of the model: list fewer sizes"),
-    ("example below 2", dims("{ max = 8, example = 1 }"),
-     "graph[0].dims.batch.example: example 1 is below 2 (torch.export specializes sizes 0 and 1)"),
+    (
+        "negative size",
+        PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", -32]'),
+        "graph[0].inputs[0].shape[1]: size -32 is negative",
+    ),
+    (
+        "multiple_of zero",
+        dims("{ max = 8, multiple_of = 0 }"),
+        "graph[0].dims.batch.multiple_of: multiple_of must be at least 1, got 0",
+    ),
+    (
+        "min not multiple",
+        dims("{ min = 3, max = 16, multiple_of = 4 }"),
+        "graph[0].dims.batch.min: min 3 is not a multiple of 4 (multiple_of); use 4",
+    ),
+    (
+        "min not multiple, two near",
+        dims("{ min = 6, max = 16, multiple_of = 4 }"),
+        "graph[0].dims.batch.min: min 6 is not a multiple of 4 (multiple_of); use 4 or 8",
+    ),
+    (
+        "max not multiple",
+        dims("{ min = 4, max = 10, multiple_of = 4 }"),
+        "graph[0].dims.batch.max: max 10 is not a multiple of 4 (multiple_of); use 8 or 12",
+    ),
+    (
+        "max not multiple, above min",
+        dims("{ min = 4, max = 6, multiple_of = 4 }"),
+        "graph[0].dims.batch.max: max 6 is not a multiple of 4 (multiple_of); use 8",
+    ),
+    (
+        "example not multiple",
+        dims("{ min = 4, max = 16, multiple_of = 4, example = 6 }"),
+        "graph[0].dims.batch.example: example 6 is not a multiple of 4 (multiple_of); use 4 or 8",
+    ),
+    (
+        "specialize outside",
+        dims("{ max = 8, specialize = [1, 9] }"),
+        "graph[0].dims.batch.specialize[1]: size 9 is outside [1, 8]",
+    ),
+    (
+        "specialize not multiple",
+        dims("{ min = 4, max = 16, multiple_of = 4, specialize = [6] }"),
+        "graph[0].dims.batch.specialize[0]: specialize[0] 6 is not a multiple of 4 (multiple_of); use 4 or 8",
+    ),
+    (
+        "specialize twice",
+        dims("{ max = 8, specialize = [2, 2] }"),
+        "graph[0].dims.batch.specialize[1]: size 2 is listed twice",
+    ),
+    (
+        "too many variants",
+        PROJECT
+        + edited(
+            edited(GOOD_GRAPH, '["batch", 32]', '["batch", "width"]'),
+            "{ min = 1, max = 8 }",
+            "{ min = 1, max = 8, specialize = [1, 2, 3, 4, 5] }, width = { min = 1, max = 64, specialize = [8, 16, 32, 64] }",
+        ),
+        "graph[0].dims: 5 (batch) x 4 (width) = 20 specialized variants; at most 16 per graph, each a compiled copy of the model: list fewer sizes",
+    ),
+    (
+        "example below 2",
+        dims("{ max = 8, example = 1 }"),
+        "graph[0].dims.batch.example: example 1 is below 2 (torch.export specializes sizes 0 and 1)",
+    ),
     ("example outside", dims("{ max = 8, example = 9 }"), "graph[0].dims.batch.example: example 9 is outside [1, 8]"),
-    ("default example too big", dims("{ max = 1099511627776 }"),
-     "graph[0].dims.batch.example: the example inputs take 64 TiB (x: float32[batch=549755813888, 32]), beyond the 4 GiB shimgen "
-     "allocates to trace; set dims.batch.example (now the middle of [min, max], 549755813888) to a smaller size: the package still "
-     "takes every size up to max"),
-    ("example too big", dims("{ max = 1099511627776, example = 67108864 }"),
-     "graph[0].dims.batch.example: the example inputs take 8 GiB (x: float32[batch=67108864, 32]), beyond the 4 GiB shimgen "
-     "allocates to trace; set dims.batch.example to a smaller size: the package still takes every size up to max"),
-    ("static shape too big", PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", 1000000000]'),
-     "graph[0].inputs[0].shape: the example inputs take 7.5 GiB (x: float32[batch=2, 1000000000]), beyond the 4 GiB shimgen "
-     "allocates to trace, even with every dim at its smallest example; make the static sizes smaller"),
+    (
+        "default example too big",
+        dims("{ max = 1099511627776 }"),
+        "graph[0].dims.batch.example: the example inputs take 64 TiB (x: float32[batch=549755813888, 32]), beyond the 4 GiB shimgen "
+        "allocates to trace; set dims.batch.example (now the middle of [min, max], 549755813888) to a smaller size: the package still "
+        "takes every size up to max",
+    ),
+    (
+        "example too big",
+        dims("{ max = 1099511627776, example = 67108864 }"),
+        "graph[0].dims.batch.example: the example inputs take 8 GiB (x: float32[batch=67108864, 32]), beyond the 4 GiB shimgen "
+        "allocates to trace; set dims.batch.example to a smaller size: the package still takes every size up to max",
+    ),
+    (
+        "static shape too big",
+        PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", 1000000000]'),
+        "graph[0].inputs[0].shape: the example inputs take 7.5 GiB (x: float32[batch=2, 1000000000]), beyond the 4 GiB shimgen "
+        "allocates to trace, even with every dim at its smallest example; make the static sizes smaller",
+    ),
     ("atol nan", PROJECT + GOOD_GRAPH + "atol = nan\n", "graph[0].atol: expected a finite number, got nan"),
     ("rtol inf", PROJECT + GOOD_GRAPH + "rtol = inf\n", "graph[0].rtol: expected a finite number, got inf"),
-    ("rtol negative", PROJECT + GOOD_GRAPH + "rtol = -0.5\n", "graph[0].rtol: tolerances must not be negative, got -0.5"),
+    (
+        "rtol negative",
+        PROJECT + GOOD_GRAPH + "rtol = -0.5\n",
+        "graph[0].rtol: tolerances must not be negative, got -0.5",
+    ),
     ("low -inf", input_keys("low = -inf"), "graph[0].inputs[0].low: expected a finite number, got -inf"),
-    ("low a boolean", input_keys("low = true"), "graph[0].inputs[0].low: expected an integer or a number, got a boolean (True)"),
-    ("int8 high", input_keys('dtype = "int8", high = 1000'),
-     "graph[0].inputs[0].high: high 1000 is outside int8's values [-128, 127]: low >= -128, high (exclusive) <= 128"),
-    ("int64 high", input_keys('dtype = "int64", low = -9223372036854775808, high = 9223372036854775807'),
-     "graph[0].inputs: the model rejected the example inputs (x=(4, 32)): RuntimeError: mat1 and mat2 must have the same dtype, "
-     "but got Long and Float"),
-    ("int low not whole", input_keys('dtype = "int32", low = 0.5'), "graph[0].inputs[0].low: int32 inputs need a whole number, got 0.5"),
-    ("high below default low", input_keys('dtype = "int32", high = -5'),
-     "graph[0].inputs[0].high: low 0 must be below high -5 (the other bound is the default)"),
+    (
+        "low a boolean",
+        input_keys("low = true"),
+        "graph[0].inputs[0].low: expected an integer or a number, got a boolean (True)",
+    ),
+    (
+        "int8 high",
+        input_keys('dtype = "int8", high = 1000'),
+        "graph[0].inputs[0].high: high 1000 is outside int8's values [-128, 127]: low >= -128, high (exclusive) <= 128",
+    ),
+    (
+        "int64 high",
+        input_keys('dtype = "int64", low = -9223372036854775808, high = 9223372036854775807'),
+        "graph[0].inputs: the model rejected the example inputs (x=(4, 32)): RuntimeError: mat1 and mat2 must have the same dtype, "
+        "but got Long and Float",
+    ),
+    (
+        "int low not whole",
+        input_keys('dtype = "int32", low = 0.5'),
+        "graph[0].inputs[0].low: int32 inputs need a whole number, got 0.5",
+    ),
+    (
+        "high below default low",
+        input_keys('dtype = "int32", high = -5'),
+        "graph[0].inputs[0].high: low 0 must be below high -5 (the other bound is the default)",
+    ),
     ("low above high", input_keys("low = 2, high = 1"), "graph[0].inputs[0].low: low 2 must be below high 1"),
-    ("bool low", input_keys('dtype = "bool", low = 0'),
-     "graph[0].inputs[0].low: bool inputs take random true/false values; low and high do not apply"),
-    ("float16 high", input_keys('dtype = "float16", high = 1e6'),
-     "graph[0].inputs[0].high: high 1000000.0 is outside float16's values [-65504, 65504]"),
-    ("float span", input_keys("low = -3e38, high = 3e38"),
-     "graph[0].inputs[0].high: high - low is beyond the largest float32 (3.402823e+38), in which example values are drawn"),
-    ("kwargs nested deep", PROJECT + GOOD_GRAPH + "kwargs = { a = " + "[" * 100 + "]" * 100 + " }\n",
-     "graph[0].kwargs.a: arrays or tables nested more than 64 levels deep"),
-    ("toml nested deep", PROJECT + GOOD_GRAPH + "kwargs = { a = " + "[" * 1000 + "]" * 1000 + " }\n",
-     "not valid TOML: arrays or tables nested too deeply to parse"),
-    ("integer of 5000 digits", PROJECT + GOOD_GRAPH + "seed = " + "1" * 5000 + "\n",
-     "not valid TOML: an integer has thousands of digits; TOML integers are 64-bit"),
+    (
+        "bool low",
+        input_keys('dtype = "bool", low = 0'),
+        "graph[0].inputs[0].low: bool inputs take random true/false values; low and high do not apply",
+    ),
+    (
+        "float16 high",
+        input_keys('dtype = "float16", high = 1e6'),
+        "graph[0].inputs[0].high: high 1000000.0 is outside float16's values [-65504, 65504]",
+    ),
+    (
+        "float span",
+        input_keys("low = -3e38, high = 3e38"),
+        "graph[0].inputs[0].high: high - low is beyond the largest float32 (3.402823e+38), in which example values are drawn",
+    ),
+    (
+        "kwargs nested deep",
+        PROJECT + GOOD_GRAPH + "kwargs = { a = " + "[" * 100 + "]" * 100 + " }\n",
+        "graph[0].kwargs.a: arrays or tables nested more than 64 levels deep",
+    ),
+    (
+        "toml nested deep",
+        PROJECT + GOOD_GRAPH + "kwargs = { a = " + "[" * 1000 + "]" * 1000 + " }\n",
+        "not valid TOML: arrays or tables nested too deeply to parse",
+    ),
+    (
+        "integer of 5000 digits",
+        PROJECT + GOOD_GRAPH + "seed = " + "1" * 5000 + "\n",
+        "not valid TOML: an integer has thousands of digits; TOML integers are 64-bit",
+    ),
     ("split zero", PROJECT + GOOD_GRAPH + "[flags]\nsplit = 0\n", "flags.split: split must be at least 1, got 0"),
-    ("instances huge", PROJECT + GOOD_GRAPH + "[runtime]\ninstances = 1000000000\n",
-     "runtime.instances: instances must be from 1 to 1024, got 1000000000"),
-    ("instances zero", PROJECT + GOOD_GRAPH + "[runtime]\ninstances = 0\n", "runtime.instances: instances must be from 1 to 1024, got 0"),
-    ("kwargs the model rejects", PROJECT + GOOD_GRAPH + 'kwargs = { width = "wide" }\n',
-     "graph[0].entry: calling 'models.mlp:mlp' with args/kwargs failed: TypeError: empty(): argument 'size' (position 1) must be "
-     "tuple of ints, but found element of type str at pos 0 (at models/mlp.py:10)"),
-    ("inputs rejected", PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", 31]'),
-     "graph[0].inputs: the model rejected the example inputs (x=(4, 31)): RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x31 and 32x32)"),
+    (
+        "instances huge",
+        PROJECT + GOOD_GRAPH + "[runtime]\ninstances = 1000000000\n",
+        "runtime.instances: instances must be from 1 to 1024, got 1000000000",
+    ),
+    (
+        "instances zero",
+        PROJECT + GOOD_GRAPH + "[runtime]\ninstances = 0\n",
+        "runtime.instances: instances must be from 1 to 1024, got 0",
+    ),
+    (
+        "kwargs the model rejects",
+        PROJECT + GOOD_GRAPH + 'kwargs = { width = "wide" }\n',
+        "graph[0].entry: calling 'models.mlp:mlp' with args/kwargs failed: TypeError: empty(): argument 'size' (position 1) must be "
+        "tuple of ints, but found element of type str at pos 0 (at models/mlp.py:10)",
+    ),
+    (
+        "inputs rejected",
+        PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["batch", 31]'),
+        "graph[0].inputs: the model rejected the example inputs (x=(4, 31)): "
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x31 and 32x32)",
+    ),
 ]
 
 
 @pytest.mark.parametrize("text,message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_spec(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], text: str, message: str) -> None:
     spec = workdir / "projects" / "bad.toml"
-    (workdir / "projects" / "broken.py").write_text('def model(x):\n    raise RuntimeError("cannot build at import")\nmodel(None)\n')
+    (workdir / "projects" / "broken.py").write_text(
+        'def model(x):\n    raise RuntimeError("cannot build at import")\nmodel(None)\n'
+    )
     spec.write_text(text)
     assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -186,18 +410,39 @@ def test_bad_spec(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[s
 
 def test_missing_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", str(tmp_path / "nope.toml")]) == 2
-    assert capsys.readouterr().err.strip() == f"shimgen: {tmp_path / 'nope.toml'}: cannot read spec: No such file or directory"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"shimgen: {tmp_path / 'nope.toml'}: cannot read spec: No such file or directory"
+    )
 
 
-@pytest.mark.parametrize("data,message", [
-    (b'[project]\nname = "d\xffmo"\n', "not UTF-8 text (invalid byte 0xff at offset 19, line 2); save the spec as UTF-8"),
-    ('[project]\nname = "d\u00e9mo"\n'.encode("latin-1"), "not UTF-8 text (invalid byte 0xe9 at offset 19, line 2); save the spec as UTF-8"),
-    (b"\x7fELF\x02\x01\x01\x00" + bytes(64),
-     "an ELF binary (a program or compiled extension), not a TOML spec; give the spec's .toml file, saved as UTF-8"),
-    (b"PK\x03\x04\x14\x00\x00\x00", "a zip archive (a wheel, or a .pt2?), not a TOML spec; give the spec's .toml file, saved as UTF-8"),
-    ("[project]\n".encode("utf-16"), "UTF-16 text, not a TOML spec; give the spec's .toml file, saved as UTF-8"),
-    (b"[project]\nname = 1\x00\x01\x02", "a binary file (NUL byte at offset 18), not a TOML spec; give the spec's .toml file, saved as UTF-8"),
-], ids=["invalid byte", "latin-1", "elf", "zip", "utf-16", "nul"])
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        (
+            b'[project]\nname = "d\xffmo"\n',
+            "not UTF-8 text (invalid byte 0xff at offset 19, line 2); save the spec as UTF-8",
+        ),
+        (
+            '[project]\nname = "d\u00e9mo"\n'.encode("latin-1"),
+            "not UTF-8 text (invalid byte 0xe9 at offset 19, line 2); save the spec as UTF-8",
+        ),
+        (
+            b"\x7fELF\x02\x01\x01\x00" + bytes(64),
+            "an ELF binary (a program or compiled extension), not a TOML spec; give the spec's .toml file, saved as UTF-8",
+        ),
+        (
+            b"PK\x03\x04\x14\x00\x00\x00",
+            "a zip archive (a wheel, or a .pt2?), not a TOML spec; give the spec's .toml file, saved as UTF-8",
+        ),
+        ("[project]\n".encode("utf-16"), "UTF-16 text, not a TOML spec; give the spec's .toml file, saved as UTF-8"),
+        (
+            b"[project]\nname = 1\x00\x01\x02",
+            "a binary file (NUL byte at offset 18), not a TOML spec; give the spec's .toml file, saved as UTF-8",
+        ),
+    ],
+    ids=["invalid byte", "latin-1", "elf", "zip", "utf-16", "nul"],
+)
 def test_not_utf8_or_binary(tmp_path: Path, capsys: pytest.CaptureFixture[str], data: bytes, message: str) -> None:
     spec = tmp_path / "bad.toml"
     spec.write_bytes(data)
@@ -218,35 +463,46 @@ def test_spec_file_name_not_printable(tmp_path: Path, capsys: pytest.CaptureFixt
     spec.write_text(PROJECT + GOOD_GRAPH)
     assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
     message = "the file name is not printable UTF-8 text; rename the spec (the name goes into generated files)"
-    assert capsys.readouterr().err.strip() == f"shimgen: {spec}: {message}".encode("utf-8", "backslashreplace").decode("utf-8")
+    assert capsys.readouterr().err.strip() == f"shimgen: {spec}: {message}".encode("utf-8", "backslashreplace").decode(
+        "utf-8"
+    )
 
 
 def test_out_not_utf8(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / os.fsdecode(b"out\xe9")
     assert main(["build", str(workdir / "projects" / "mlp.toml"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.endswith(": the path is not UTF-8 text; choose another output directory") and err.startswith("shimgen: --out ")
+    assert err.endswith(": the path is not UTF-8 text; choose another output directory") and err.startswith(
+        "shimgen: --out "
+    )
 
 
 def test_spec_path_is_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", str(tmp_path), "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == f"shimgen: {tmp_path}: is a directory; give the spec file inside it, such as projects/mlp.toml"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"shimgen: {tmp_path}: is a directory; give the spec file inside it, such as projects/mlp.toml"
+    )
 
 
 BIG = "100000000000000000000"
 
 
-@pytest.mark.parametrize("text,where", [
-    (dims(f"{{ max = {BIG} }}"), "graph[0].dims.batch.max"),
-    (dims(f"{{ max = 8, min = -{BIG} }}"), "graph[0].dims.batch.min"),
-    (PROJECT + GOOD_GRAPH + f"seed = {BIG}\n", "graph[0].seed"),
-    (PROJECT + edited(GOOD_GRAPH, '["batch", 32]', f'["batch", {BIG}]'), "graph[0].inputs[0].shape[1]"),
-    (PROJECT + GOOD_GRAPH + f"kwargs = {{ width = {BIG} }}\n", "graph[0].kwargs.width"),
-    (PROJECT + GOOD_GRAPH + f"args = [1, [2, -{BIG}]]\n", "graph[0].args[1][1]"),
-    (PROJECT + GOOD_GRAPH + f"atol = {BIG}\n", "graph[0].atol"),
-    (input_keys(f'dtype = "int64", high = {BIG}'), "graph[0].inputs[0].high"),
-    (PROJECT + GOOD_GRAPH + f"[runtime]\ninstances = {BIG}\n", "runtime.instances"),
-], ids=["dim max", "dim min", "seed", "shape", "kwargs", "args", "float key", "union key", "runtime"])
+@pytest.mark.parametrize(
+    "text,where",
+    [
+        (dims(f"{{ max = {BIG} }}"), "graph[0].dims.batch.max"),
+        (dims(f"{{ max = 8, min = -{BIG} }}"), "graph[0].dims.batch.min"),
+        (PROJECT + GOOD_GRAPH + f"seed = {BIG}\n", "graph[0].seed"),
+        (PROJECT + edited(GOOD_GRAPH, '["batch", 32]', f'["batch", {BIG}]'), "graph[0].inputs[0].shape[1]"),
+        (PROJECT + GOOD_GRAPH + f"kwargs = {{ width = {BIG} }}\n", "graph[0].kwargs.width"),
+        (PROJECT + GOOD_GRAPH + f"args = [1, [2, -{BIG}]]\n", "graph[0].args[1][1]"),
+        (PROJECT + GOOD_GRAPH + f"atol = {BIG}\n", "graph[0].atol"),
+        (input_keys(f'dtype = "int64", high = {BIG}'), "graph[0].inputs[0].high"),
+        (PROJECT + GOOD_GRAPH + f"[runtime]\ninstances = {BIG}\n", "runtime.instances"),
+    ],
+    ids=["dim max", "dim min", "seed", "shape", "kwargs", "args", "float key", "union key", "runtime"],
+)
 def test_integer_beyond_int64(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, where: str) -> None:
     """Python's TOML parser takes integers of any size; torch and the generated C++ would not."""
     spec = tmp_path / "bad.toml"
@@ -264,10 +520,16 @@ def test_int64_bounds_themselves_load(tmp_path: Path) -> None:
     assert (graph.seed, graph.kwargs["a"]) == (2**63 - 1, -(2**63))
 
 
-@pytest.mark.parametrize("table,example", [
-    ("{ min = 1, max = 8 }", 4), ("{ min = 1, max = 2 }", 2), ("{ min = 8, max = 64, multiple_of = 8 }", 32),
-    ("{ min = 4, max = 12, multiple_of = 4 }", 8), ("{ min = 6, max = 9, multiple_of = 3 }", 6),
-])
+@pytest.mark.parametrize(
+    "table,example",
+    [
+        ("{ min = 1, max = 8 }", 4),
+        ("{ min = 1, max = 2 }", 2),
+        ("{ min = 8, max = 64, multiple_of = 8 }", 32),
+        ("{ min = 4, max = 12, multiple_of = 4 }", 8),
+        ("{ min = 6, max = 9, multiple_of = 3 }", 6),
+    ],
+)
 def test_default_example_is_a_multiple(tmp_path: Path, table: str, example: int) -> None:
     spec = tmp_path / "dims.toml"
     spec.write_text(dims(table))
@@ -277,7 +539,10 @@ def test_default_example_is_a_multiple(tmp_path: Path, table: str, example: int)
 def test_out_is_not_a_directory(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "file").write_text("")
     assert main(["build", str(workdir / "projects" / "mlp.toml"), "--out", str(tmp_path / "file" / "out")]) == 2
-    assert capsys.readouterr().err.strip() == f"shimgen: --out {tmp_path / 'file' / 'out'}: {tmp_path / 'file'} is not a directory"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"shimgen: --out {tmp_path / 'file' / 'out'}: {tmp_path / 'file'} is not a directory"
+    )
 
 
 def test_model_that_exits(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -294,7 +559,9 @@ def _boom(*args: object, **kwargs: object) -> None:
     raise RuntimeError("boom\nsecond line")
 
 
-def test_internal_error(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_internal_error(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A shimgen bug: one paragraph, exit 3, the traceback in a file under the temp directory."""
     import tempfile
 
@@ -307,15 +574,22 @@ def test_internal_error(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFix
     assert main(["build", str(spec), "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err
     (crash,) = (tmp_path / "tmp").glob("shimgen-crash-*.txt")
-    assert err == (f"shimgen: internal error (a bug in shimgen; please report it): RuntimeError: boom ...; "
-                   f"the full traceback is in {crash}\n")
+    assert err == (
+        f"shimgen: internal error (a bug in shimgen; please report it): RuntimeError: boom ...; "
+        f"the full traceback is in {crash}\n"
+    )
     saved = crash.read_text()
     assert saved.startswith(f"shimgen build {spec} --out {tmp_path}\n")
-    assert "Traceback (most recent call last)" in saved and "in _boom" in saved and saved.endswith("RuntimeError: boom\nsecond line\n")
+    assert (
+        "Traceback (most recent call last)" in saved
+        and "in _boom" in saved
+        and saved.endswith("RuntimeError: boom\nsecond line\n")
+    )
 
 
-def test_interrupt_is_not_an_internal_error(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupt_is_not_an_internal_error(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import shimgen.pipeline
 
     def interrupt(*args: object) -> None:
@@ -346,40 +620,62 @@ def _build_error(workdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[st
     return err[-1].removeprefix(f"shimgen: {spec}: ")
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="needs nvcc to list its archs")
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(),
+    reason="needs nvcc to list its archs",
+)
 def test_arch_nvcc_cannot_target(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cuda = detect_cuda()
     message = _build_error(workdir, tmp_path, capsys, edited(CUDA_SPEC, "ARCH", "sm_20"))
-    assert message == f"target[1].archs[0]: nvcc {cuda.version} ({cuda.nvcc}) cannot target sm_20; it can target {', '.join(cuda.codes)}"
+    assert (
+        message
+        == f"target[1].archs[0]: nvcc {cuda.version} ({cuda.nvcc}) cannot target sm_20; it can target {', '.join(cuda.codes)}"
+    )
 
 
-def test_nvcc_missing(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_nvcc_missing(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("NVCC", str(tmp_path / "no-nvcc"))
     message = _build_error(workdir, tmp_path, capsys, edited(CUDA_SPEC, "ARCH", "sm_90"))
     assert message == f"target[1]: NVCC={tmp_path / 'no-nvcc'} is not an executable; point it at nvcc or unset it"
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(), reason="needs nvcc, to get past the arch check")
+@pytest.mark.skipif(
+    shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(),
+    reason="needs nvcc, to get past the arch check",
+)
 @pytest.mark.skipif(torch.version.cuda is not None, reason="needs a CPU-only torch")
 def test_cuda_target_with_cpu_torch(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     message = _build_error(workdir, tmp_path, capsys, edited(CUDA_SPEC, "ARCH", "sm_90"))
     torch_dir = Path(torch.__file__).parent
-    assert message == f"target[1]: the installed torch at {torch_dir} has no CUDA support; cuda targets need a CUDA build of torch"
+    assert (
+        message
+        == f"target[1]: the installed torch at {torch_dir} has no CUDA support; cuda targets need a CUDA build of torch"
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_cuda_build_without_gpu(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cuda_build_without_gpu(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A CUDA build of torch and nvcc, but no GPU (a CPU-only CI runner, say): stands in for both."""
     import shimgen.pipeline
 
-    monkeypatch.setattr(shimgen.pipeline, "detect_cuda", lambda: CudaToolchain(nvcc="/usr/bin/nvcc", version="13.0", codes=("sm_90",)))
+    monkeypatch.setattr(
+        shimgen.pipeline, "detect_cuda", lambda: CudaToolchain(nvcc="/usr/bin/nvcc", version="13.0", codes=("sm_90",))
+    )
     monkeypatch.setattr(shimgen.pipeline, "torch_cuda_version", lambda: "13.0")
-    message = _build_error(workdir, tmp_path, capsys, PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n')
-    assert message == ("target[0]: building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); "
-                       "torch sees none")
+    message = _build_error(
+        workdir, tmp_path, capsys, PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n'
+    )
+    assert message == (
+        "target[0]: building for cuda needs a GPU on this machine (Inductor tunes and compiles the Triton kernels on it); "
+        "torch sees none"
+    )
 
 
-CUSTOM_OP_MODEL = '''import torch
+CUSTOM_OP_MODEL = """import torch
 
 
 @torch.library.custom_op("shimgen_test::scale", mutates_args=())
@@ -395,13 +691,17 @@ def _(x):
 class Scaled(torch.nn.Module):
     def forward(self, x):
         return scale(x + 1)
-'''
+"""
 
 
-def test_python_op_outside_any_entry_is_refused_at_build(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_python_op_outside_any_entry_is_refused_at_build(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The compiled graph calls such an op back in Python, so the package would have to import the model's own file:
     the build says to declare the module instead of leaving a package that fails on import."""
     (workdir / "projects" / "customop.py").write_text(CUSTOM_OP_MODEL)
     message = _build_error(workdir, tmp_path, capsys, PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "customop:Scaled"))
-    assert message == (f"graph[0]: the graph calls shimgen_test::scale, a Python custom op defined in {workdir / 'projects' / 'customop.py'}, "
-                       "which the package would have to import when it loads: name its module in a [[custom_op]] entry (module = \"...\")")
+    assert message == (
+        f"graph[0]: the graph calls shimgen_test::scale, a Python custom op defined in {workdir / 'projects' / 'customop.py'}, "
+        'which the package would have to import when it loads: name its module in a [[custom_op]] entry (module = "...")'
+    )

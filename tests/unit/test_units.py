@@ -28,7 +28,7 @@ from shimgen.inductor.kernel_choice import _keeping_input_layouts
 from shimgen.inductor.openmp import gemm_threads_from_caller, serial_fast_paths
 from shimgen.package.wheel import write_wheel
 from shimgen.project import escape
-from shimgen.project.render import RUNTIME, TEMPLATES, _env, docstring, render_probe, target_id
+from shimgen.project.render import PROBE_FILES, RUNTIME, TEMPLATES, _env, docstring, render_probe, target_id
 from shimgen.results import DICT, LIST, NONE, OBJECT, TENSOR, TUPLE, OutNode, OutType
 from shimgen.spec import Dim, Flags, Graph, Input, Target, load_spec
 from shimgen.toolchain import Toolchain
@@ -73,19 +73,25 @@ COMPILE_NOTES = (
 
 def model_text(kernels: list[str]) -> str:
     """The model class: declarations of the kernels and a run_impl that calls them."""
-    declarations = "".join(f'extern "C"  void  {k}(float* in_out_ptr0,\n                       const int64_t ks0);\n' for k in kernels)
+    declarations = "".join(
+        f'extern "C"  void  {k}(float* in_out_ptr0,\n                       const int64_t ks0);\n' for k in kernels
+    )
     calls = "".join(f"    {k}((float*)(buf0.data_ptr()), s0);\n" for k in kernels)
-    return (f"\n{declarations}CACHE_TORCH_DTYPE(float32);\nnamespace torch::aot_inductor {{\n"
-            "// Shared constructor for AOTInductorModelCreate\n"
-            f"void AOTInductorModel::run_impl(AtenTensorHandle* input_handles) {{\n{calls}}} // AOTInductorModel::run_impl\n"
-            "} // namespace torch::aot_inductor\n\n\n\n\n\n")
+    return (
+        f"\n{declarations}CACHE_TORCH_DTYPE(float32);\nnamespace torch::aot_inductor {{\n"
+        "// Shared constructor for AOTInductorModelCreate\n"
+        f"void AOTInductorModel::run_impl(AtenTensorHandle* input_handles) {{\n{calls}}} // AOTInductorModel::run_impl\n"
+        "} // namespace torch::aot_inductor\n\n\n\n\n\n"
+    )
 
 
 def kernel_text(name: str, statements: int) -> str:
     """One CPU kernel as Inductor appends it: its own include of cpp_prefix.h, then the function."""
     body = "".join(f"        in_out_ptr0[{i}] = std::max(in_out_ptr0[{i}], 0.0f);\n" for i in range(statements))
-    return (f'{KERNEL_START}extern "C"  void  {name}(float* in_out_ptr0,\n                       const int64_t ks0)\n{{\n'
-            f"    #pragma omp simd\n    {{\n{body}    }}\n}}\n\n")
+    return (
+        f'{KERNEL_START}extern "C"  void  {name}(float* in_out_ptr0,\n                       const int64_t ks0)\n{{\n'
+        f"    #pragma omp simd\n    {{\n{body}    }}\n}}\n\n"
+    )
 
 
 def wrapper(kernels: dict[str, int], notes: str = COMPILE_NOTES) -> str:
@@ -104,8 +110,15 @@ def kernels_by_name(files: list[str]) -> dict[str, str]:
     return found
 
 
-KERNELS = {"cpp_fused_0": 40, "cpp_fused_relu_1": 5, "cpp_fused_add_2": 30, "cpp_fused_mul_3": 10,
-           "cpp_fused_sigmoid_4": 20, "cpp_fused_exp_5": 25, "cpp_fused_cat_6": 3}
+KERNELS = {
+    "cpp_fused_0": 40,
+    "cpp_fused_relu_1": 5,
+    "cpp_fused_add_2": 30,
+    "cpp_fused_mul_3": 10,
+    "cpp_fused_sigmoid_4": 20,
+    "cpp_fused_exp_5": 25,
+    "cpp_fused_cat_6": 3,
+}
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4, 7, 12])
@@ -169,21 +182,56 @@ def test_split_wrapper_without_interface_block_is_a_user_error() -> None:
 
 # --- compile flags: Inductor's flags JSON → the defines and arguments of the kernel translation units ----------------
 
+
 def flags_json(capability: str, passthrough: str, include_dirs: list[str] | None = None) -> dict[str, Any]:
     """A wrapper_compile_flags.json as torch 2.13 writes it on a machine with `capability`."""
     return {
         "compiler": "g++",
-        "definitions": ["TORCH_INDUCTOR_CPP_WRAPPER", "STANDALONE_TORCH_HEADER", "TORCH_INDUCTOR_PRECOMPILE_HEADERS",
-                        " C10_USING_CUSTOM_GENERATED_MACROS", "", capability],
-        "include_dirs": include_dirs or ["/usr/include/python3.11", "/venv/lib/python3.11/site-packages/torch/include",
-                                         "/venv/lib/python3.11/site-packages/torch/include/torch/csrc/api/include"],
-        "cflags": ["O3", "DNDEBUG", "fno-omit-frame-pointer", "g1", "fno-trapping-math", "funsafe-math-optimizations",
-                   "ffinite-math-only", "fno-signed-zeros", "fno-finite-math-only", "fno-unsafe-math-optimizations", "fmath-errno",
-                   "ffp-contract=off", "fexcess-precision=fast", "fno-tree-loop-vectorize", "march=native", "fPIC", "Wall",
-                   "std=c++20", "Wno-unused-variable", "Wno-unknown-pragmas", "pedantic", "fopenmp"],
-        "ldflags": [], "libraries_dirs": [], "libraries": [],
+        "definitions": [
+            "TORCH_INDUCTOR_CPP_WRAPPER",
+            "STANDALONE_TORCH_HEADER",
+            "TORCH_INDUCTOR_PRECOMPILE_HEADERS",
+            " C10_USING_CUSTOM_GENERATED_MACROS",
+            "",
+            capability,
+        ],
+        "include_dirs": include_dirs
+        or [
+            "/usr/include/python3.11",
+            "/venv/lib/python3.11/site-packages/torch/include",
+            "/venv/lib/python3.11/site-packages/torch/include/torch/csrc/api/include",
+        ],
+        "cflags": [
+            "O3",
+            "DNDEBUG",
+            "fno-omit-frame-pointer",
+            "g1",
+            "fno-trapping-math",
+            "funsafe-math-optimizations",
+            "ffinite-math-only",
+            "fno-signed-zeros",
+            "fno-finite-math-only",
+            "fno-unsafe-math-optimizations",
+            "fmath-errno",
+            "ffp-contract=off",
+            "fexcess-precision=fast",
+            "fno-tree-loop-vectorize",
+            "march=native",
+            "fPIC",
+            "Wall",
+            "std=c++20",
+            "Wno-unused-variable",
+            "Wno-unknown-pragmas",
+            "pedantic",
+            "fopenmp",
+        ],
+        "ldflags": [],
+        "libraries_dirs": [],
+        "libraries": [],
         "passthrough_args": ["", passthrough],
-        "aot_mode": True, "use_relative_path": False, "compile_only": True,
+        "aot_mode": True,
+        "use_relative_path": False,
+        "compile_only": True,
     }
 
 
@@ -192,9 +240,19 @@ AVX512_MACHINE = flags_json("CPU_CAPABILITY_AVX512", "-mavx512f -mavx512dq -mavx
 DEFINES = ["TORCH_INDUCTOR_CPP_WRAPPER", "STANDALONE_TORCH_HEADER", "C10_USING_CUSTOM_GENERATED_MACROS"]
 # Inductor's math flags, in its order: they decide numerics, and a later flag overrides an earlier one
 # (-fno-finite-math-only after -ffinite-math-only), so order is part of the result.
-MATH = ["-fno-omit-frame-pointer", "-fno-trapping-math", "-funsafe-math-optimizations", "-ffinite-math-only", "-fno-signed-zeros",
-        "-fno-finite-math-only", "-fno-unsafe-math-optimizations", "-fmath-errno", "-ffp-contract=off", "-fexcess-precision=fast",
-        "-fno-tree-loop-vectorize"]
+MATH = [
+    "-fno-omit-frame-pointer",
+    "-fno-trapping-math",
+    "-funsafe-math-optimizations",
+    "-ffinite-math-only",
+    "-fno-signed-zeros",
+    "-fno-finite-math-only",
+    "-fno-unsafe-math-optimizations",
+    "-fmath-errno",
+    "-ffp-contract=off",
+    "-fexcess-precision=fast",
+    "-fno-tree-loop-vectorize",
+]
 
 
 def test_native_cpu_keeps_this_machines_isa() -> None:
@@ -204,22 +262,33 @@ def test_native_cpu_keeps_this_machines_isa() -> None:
 
 
 @pytest.mark.parametrize("machine", [AVX2_MACHINE, AVX512_MACHINE], ids=["built-on-avx2", "built-on-avx512"])
-@pytest.mark.parametrize("isa,isa_args,capability", [
-    ("avx2", ["-march=x86-64-v3"], ["CPU_CAPABILITY_AVX2"]),
-    ("avx512", ["-march=x86-64-v4", "-mfma"], ["CPU_CAPABILITY_AVX512"]),
-    ("default", ["-march=x86-64"], []),
-])
-def test_portable_cpu_isa_comes_from_the_spec_not_the_machine(machine: dict[str, Any], isa: str, isa_args: list[str],
-                                                               capability: list[str]) -> None:
+@pytest.mark.parametrize(
+    "isa,isa_args,capability",
+    [
+        ("avx2", ["-march=x86-64-v3"], ["CPU_CAPABILITY_AVX2"]),
+        ("avx512", ["-march=x86-64-v4", "-mfma"], ["CPU_CAPABILITY_AVX512"]),
+        ("default", ["-march=x86-64"], []),
+    ],
+)
+def test_portable_cpu_isa_comes_from_the_spec_not_the_machine(
+    machine: dict[str, Any], isa: str, isa_args: list[str], capability: list[str]
+) -> None:
     defines, args = compile_flags(machine, Target(device="cpu", isa=isa))
     assert defines == [*DEFINES, *capability]
     assert args == [*MATH, *isa_args]
 
 
 def test_cuda_host_code_gets_no_cpu_isa_and_cudas_headers() -> None:
-    machine = flags_json("CPU_CAPABILITY_AVX512", "-mavx512f -mfma", include_dirs=[
-        "/usr/include/python3.11", "/venv/lib/python3.11/site-packages/torch/include",
-        "/venv/lib/python3.11/site-packages/torch/include/torch/csrc/api/include", "/usr/local/cuda-13.0/include"])
+    machine = flags_json(
+        "CPU_CAPABILITY_AVX512",
+        "-mavx512f -mfma",
+        include_dirs=[
+            "/usr/include/python3.11",
+            "/venv/lib/python3.11/site-packages/torch/include",
+            "/venv/lib/python3.11/site-packages/torch/include/torch/csrc/api/include",
+            "/usr/local/cuda-13.0/include",
+        ],
+    )
     defines, args = compile_flags(machine, Target(device="cuda", archs=["sm_90"]))
     assert defines == DEFINES
     assert args == [*MATH, "-I/usr/local/cuda-13.0/include"]
@@ -227,8 +296,10 @@ def test_cuda_host_code_gets_no_cpu_isa_and_cudas_headers() -> None:
 
 def test_a_spec_cpu_target_without_isa_compiles_native(tmp_path: Path) -> None:
     spec = tmp_path / "spec.toml"
-    spec.write_text('[project]\nname = "demo"\n\n[[graph]]\nname = "forward"\nentry = "models.mlp:mlp"\n'
-                    'inputs = [{ name = "x", shape = [2, 32] }]\n\n[[target]]\ndevice = "cpu"\n')
+    spec.write_text(
+        '[project]\nname = "demo"\n\n[[graph]]\nname = "forward"\nentry = "models.mlp:mlp"\n'
+        'inputs = [{ name = "x", shape = [2, 32] }]\n\n[[target]]\ndevice = "cpu"\n'
+    )
     (target,) = load_spec(spec).target
     assert compile_flags(AVX2_MACHINE, target) == compile_flags(AVX2_MACHINE, Target(device="cpu", isa="native"))
 
@@ -249,13 +320,16 @@ def test_configs_every_graph_gets() -> None:
     assert "cpp.cxx" not in inductor_configs(CUDA, Flags())
 
 
-@pytest.mark.parametrize("isa,onednn,simdlen", [
-    ("native", True, None),
-    ("native", False, None),
-    ("avx2", True, 256),
-    ("avx512", True, 512),
-    ("default", True, 1),
-])
+@pytest.mark.parametrize(
+    "isa,onednn,simdlen",
+    [
+        ("native", True, None),
+        ("native", False, None),
+        ("avx2", True, 256),
+        ("avx512", True, 512),
+        ("default", True, 1),
+    ],
+)
 def test_cpu_configs(isa: str, onednn: bool, simdlen: int | None) -> None:
     target = Target(device="cpu", isa=isa)
     configs = inductor_configs(target, Flags(onednn=onednn))
@@ -314,9 +388,11 @@ MODEL_OBJECT = "_forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_m
 
 
 def compile_command(obj: str, source: str) -> str:
-    return (f"/usr/bin/c++ -I_forward_cpu.cpython-311-x86_64-linux-gnu.so.p -I. -I../project -I../project/src -fvisibility=hidden "
-            f"-fdiagnostics-color=always -DNDEBUG -std=c++20 -O1 -fPIC -fopenmp -DTORCH_INDUCTOR_CPP_WRAPPER -ffp-contract=off "
-            f"-march=native -MD -MQ {obj} -MF {obj}.d -o {obj} -c ../project/{source}")
+    return (
+        f"/usr/bin/c++ -I_forward_cpu.cpython-311-x86_64-linux-gnu.so.p -I. -I../project -I../project/src -fvisibility=hidden "
+        f"-fdiagnostics-color=always -DNDEBUG -std=c++20 -O1 -fPIC -fopenmp -DTORCH_INDUCTOR_CPP_WRAPPER -ffp-contract=off "
+        f"-march=native -MD -MQ {obj} -MF {obj}.d -o {obj} -c ../project/{source}"
+    )
 
 
 BINDING_ERROR = [
@@ -341,16 +417,23 @@ def ninja_log(failed: str, model_fails_too: bool = False) -> str:
         "[shimgen 4/6] Compiling C++ object " + MODEL_OBJECT,
     ]
     if model_fails_too:
-        lines += [failed.format(MODEL_OBJECT), compile_command(MODEL_OBJECT, "src/forward_cpu/model.cpp"),
-                  "../project/src/forward_cpu/model.cpp:7:1: error: expected unqualified-id before '}' token"]
+        lines += [
+            failed.format(MODEL_OBJECT),
+            compile_command(MODEL_OBJECT, "src/forward_cpu/model.cpp"),
+            "../project/src/forward_cpu/model.cpp:7:1: error: expected unqualified-id before '}' token",
+        ]
     return "\n".join([*lines, "ninja: build stopped: subcommand failed."]) + "\n"
 
 
-NINJA_FAILED_LINES = pytest.mark.parametrize("failed", ["FAILED: [code=1] {} ", "FAILED: {} "], ids=["ninja-1.13", "ninja-1.12"])
+NINJA_FAILED_LINES = pytest.mark.parametrize(
+    "failed", ["FAILED: [code=1] {} ", "FAILED: {} "], ids=["ninja-1.13", "ninja-1.12"]
+)
 
 
 @NINJA_FAILED_LINES
-def test_first_error_names_the_failing_unit_and_its_error(failed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_first_error_names_the_failing_unit_and_its_error(
+    failed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     message = first_error(ninja_log(failed), tmp_path / "build" / "mlp" / "meson")
     # The source file (not the object), relative to where the user ran shimgen; then the compiler's
@@ -363,7 +446,9 @@ def test_first_error_names_the_failing_unit_and_its_error(failed: str, tmp_path:
 
 
 @NINJA_FAILED_LINES
-def test_first_error_of_several_failing_units_is_the_first(failed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_first_error_of_several_failing_units_is_the_first(
+    failed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     lines = first_error(ninja_log(failed, model_fails_too=True), tmp_path / "build" / "mlp" / "meson").splitlines()
     assert lines[0] == "compile failed in build/mlp/project/src/forward_cpu/binding.cpp:"
@@ -380,38 +465,58 @@ def test_first_error_without_an_error_line_gives_the_logs_tail(tmp_path: Path, m
     """A compiler killed from outside (out of memory) prints nothing; the unit and the end of the log are what there is."""
     monkeypatch.chdir(tmp_path)
     log_lines = ["ninja: Entering directory `/home/u/out/build/mlp/meson'"]
-    log_lines += [f"[shimgen {k}/40] Compiling C++ object libforward_cpu_kernels.a.p/src_forward_cpu_kernels_{k}.cpp.o" for k in range(1, 31)]
-    log_lines += [f"FAILED: [code=137] {MODEL_OBJECT} ", compile_command(MODEL_OBJECT, "src/forward_cpu/model.cpp"),
-                  "ninja: build stopped: subcommand failed."]
+    log_lines += [
+        f"[shimgen {k}/40] Compiling C++ object libforward_cpu_kernels.a.p/src_forward_cpu_kernels_{k}.cpp.o"
+        for k in range(1, 31)
+    ]
+    log_lines += [
+        f"FAILED: [code=137] {MODEL_OBJECT} ",
+        compile_command(MODEL_OBJECT, "src/forward_cpu/model.cpp"),
+        "ninja: build stopped: subcommand failed.",
+    ]
     message = first_error("\n".join(log_lines) + "\n", tmp_path / "build" / "mlp" / "meson")
     header, *tail = message.splitlines()
     assert header == "compile failed in build/mlp/project/src/forward_cpu/model.cpp:"
-    assert tail == log_lines[-len(tail):] and len(tail) < len(log_lines)
+    assert tail == log_lines[-len(tail) :] and len(tail) < len(log_lines)
     assert tail[-3].startswith("FAILED:") and tail[-1] == "ninja: build stopped: subcommand failed."
 
 
-@pytest.mark.parametrize("description,unit", [
-    ("Compiling C++ object _forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_model.cpp.o", "src_forward_cpu_model.cpp"),
-    ("Compiling C++ object libforward_cpu_kernels.a.p/src_forward_cpu_kernels_0.cpp.o", "src_forward_cpu_kernels_0.cpp"),
-    ("Linking target _forward_cpu.cpython-311-x86_64-linux-gnu.so", "_forward_cpu.cpython-311-x86_64-linux-gnu.so"),
-    ("Linking static target libforward_cpu_kernels.a", "libforward_cpu_kernels.a"),
-    # .ninja_log names outputs, not descriptions
-    ("_forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_binding.cpp.o", "src_forward_cpu_binding.cpp"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    "description,unit",
+    [
+        (
+            "Compiling C++ object _forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_model.cpp.o",
+            "src_forward_cpu_model.cpp",
+        ),
+        (
+            "Compiling C++ object libforward_cpu_kernels.a.p/src_forward_cpu_kernels_0.cpp.o",
+            "src_forward_cpu_kernels_0.cpp",
+        ),
+        ("Linking target _forward_cpu.cpython-311-x86_64-linux-gnu.so", "_forward_cpu.cpython-311-x86_64-linux-gnu.so"),
+        ("Linking static target libforward_cpu_kernels.a", "libforward_cpu_kernels.a"),
+        # .ninja_log names outputs, not descriptions
+        ("_forward_cpu.cpython-311-x86_64-linux-gnu.so.p/src_forward_cpu_binding.cpp.o", "src_forward_cpu_binding.cpp"),
+        ("", ""),
+    ],
+)
 def test_unit_name(description: str, unit: str) -> None:
     assert unit_name(description) == unit
 
 
-# --- render helpers ----------------------------------------------------------------------------------------------------
+# --- render helpers
+# ----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("target,expected", [
-    (Target(device="cpu", isa="native"), "cpu-native"),
-    (Target(device="cpu", isa="avx2"), "cpu-avx2"),
-    (Target(device="cpu", isa="default"), "cpu-default"),
-    (Target(device="cuda", archs=["sm_90"]), "cuda-sm_90"),
-    (Target(device="cuda", archs=["sm_80", "sm_90a"]), "cuda-sm_80-sm_90a"),
-])
+
+@pytest.mark.parametrize(
+    "target,expected",
+    [
+        (Target(device="cpu", isa="native"), "cpu-native"),
+        (Target(device="cpu", isa="avx2"), "cpu-avx2"),
+        (Target(device="cpu", isa="default"), "cpu-default"),
+        (Target(device="cuda", archs=["sm_90"]), "cuda-sm_90"),
+        (Target(device="cuda", archs=["sm_80", "sm_90a"]), "cuda-sm_80-sm_90a"),
+    ],
+)
 def test_target_id(target: Target, expected: str) -> None:
     assert target_id(target) == expected
     assert escape.plain(expected) == expected  # templates print it unquoted inside literals
@@ -422,29 +527,59 @@ def node(kind: int, arity: int = 0, key: str | int | None = None, out_type: OutT
 
 
 PROJECT_TYPE = "is defined in the project, which the package does not import"
-PAIR = OutType(module="models.outputs", qualname="Pair", fields=("scaled", "shifted"), dropped=(), construct=None, fallback="namedtuple", reason=PROJECT_TYPE)
-STATS = OutType(module="models.outputs", qualname="Stats", fields=("mean", "spread"), dropped=("mask",), construct=None, fallback="dict", reason=PROJECT_TYPE)
-TOPK = OutType(module="torch.return_types", qualname="topk", fields=("values", "indices"), dropped=(), construct="sequence", fallback="namedtuple")
+PAIR = OutType(
+    module="models.outputs",
+    qualname="Pair",
+    fields=("scaled", "shifted"),
+    dropped=(),
+    construct=None,
+    fallback="namedtuple",
+    reason=PROJECT_TYPE,
+)
+STATS = OutType(
+    module="models.outputs",
+    qualname="Stats",
+    fields=("mean", "spread"),
+    dropped=("mask",),
+    construct=None,
+    fallback="dict",
+    reason=PROJECT_TYPE,
+)
+TOPK = OutType(
+    module="torch.return_types",
+    qualname="topk",
+    fields=("values", "indices"),
+    dropped=(),
+    construct="sequence",
+    fallback="namedtuple",
+)
 
 
 def test_docstring_of_a_graph_with_keyword_layout_and_dims() -> None:
-    graph = Graph(name="heads", entry="models.heads:Heads", inputs=[
-        Input(name="x", shape=["batch", 32]),
-        Input(name="img", shape=["batch", 3, 8, 8], dtype="float16", memory_format="channels_last"),
-        Input(name="scale", shape=[32], keyword=True),
-    ], dims={"batch": Dim(min=1, max=16)})
+    graph = Graph(
+        name="heads",
+        entry="models.heads:Heads",
+        inputs=[
+            Input(name="x", shape=["batch", 32]),
+            Input(name="img", shape=["batch", 3, 8, 8], dtype="float16", memory_format="channels_last"),
+            Input(name="scale", shape=[32], keyword=True),
+        ],
+        dims={"batch": Dim(min=1, max=16)},
+    )
     out_nodes = [node(DICT, 2), node(TENSOR, key="logits"), node(TUPLE, 2, key="stats"), node(TENSOR), node(TENSOR)]
-    assert docstring(graph, out_nodes) == "\n".join([
-        "heads(x, img, *, scale)",
-        "",
-        "Inputs (checked on every call):",
-        "  x: float32[batch, 32]",
-        "  img: float16[batch, 3, 8, 8], channels_last",
-        "  scale: float32[32]",
-        "Dynamic dims:",
-        "  batch: 1..16",
-        "Returns: {'logits': Tensor, 'stats': (Tensor, Tensor)}",
-    ])
+    assert docstring(graph, out_nodes) == "\n".join(
+        [
+            "heads(x, img, *, scale)",
+            "",
+            "Inputs (checked on every call):",
+            "  x: float32[batch, 32]",
+            "  img: float16[batch, 3, 8, 8], channels_last",
+            "  scale: float32[32]",
+            "Dynamic dims:",
+            "  batch: 1..16",
+            "Returns: {'logits': Tensor, 'stats': (Tensor, Tensor)}",
+        ]
+    )
 
 
 def test_docstring_of_a_static_graph_returning_a_tensor() -> None:
@@ -463,19 +598,33 @@ def test_docstring_says_how_threads_are_chosen() -> None:
 
 def test_docstring_of_one_object_output_says_what_comes_back_on_the_same_line() -> None:
     graph = Graph(name="pair", entry="models.outputs:pair", inputs=[Input(name="x", shape=[5, 16])])
-    returns = docstring(graph, [node(OBJECT, 2, out_type=PAIR), node(TENSOR, key="scaled"), node(TENSOR, key="shifted")]).splitlines()[-1]
-    assert returns == ("Returns: Pair(scaled: Tensor, shifted: Tensor): a namedtuple Pair of the same fields "
-                       f"(models.outputs.Pair {PROJECT_TYPE})")
+    returns = docstring(
+        graph, [node(OBJECT, 2, out_type=PAIR), node(TENSOR, key="scaled"), node(TENSOR, key="shifted")]
+    ).splitlines()[-1]
+    assert returns == (
+        "Returns: Pair(scaled: Tensor, shifted: Tensor): a namedtuple Pair of the same fields "
+        f"(models.outputs.Pair {PROJECT_TYPE})"
+    )
 
 
 def test_docstring_of_nested_objects_notes_each_type_once() -> None:
     graph = Graph(name="nested", entry="models.outputs:nested", inputs=[Input(name="x", shape=[4, 16])])
     out_nodes = [
         node(DICT, 5),
-        node(OBJECT, 2, "stats", STATS), node(TENSOR, key="mean"), node(TENSOR, key="spread"),
-        node(LIST, 3, "list"), node(TENSOR), node(NONE), node(TUPLE, 1), node(TENSOR),
-        node(OBJECT, 2, "top", TOPK), node(TENSOR, key="values"), node(TENSOR, key="indices"),
-        node(OBJECT, 2, "again", STATS), node(TENSOR, key="mean"), node(TENSOR, key="spread"),
+        node(OBJECT, 2, "stats", STATS),
+        node(TENSOR, key="mean"),
+        node(TENSOR, key="spread"),
+        node(LIST, 3, "list"),
+        node(TENSOR),
+        node(NONE),
+        node(TUPLE, 1),
+        node(TENSOR),
+        node(OBJECT, 2, "top", TOPK),
+        node(TENSOR, key="values"),
+        node(TENSOR, key="indices"),
+        node(OBJECT, 2, "again", STATS),
+        node(TENSOR, key="mean"),
+        node(TENSOR, key="spread"),
         node(TENSOR, key=7),
     ]
     returns = docstring(graph, out_nodes).split("Returns: ")[1].splitlines()
@@ -488,6 +637,7 @@ def test_docstring_of_nested_objects_notes_each_type_once() -> None:
 
 
 # --- write_if_changed ----------------------------------------------------------------------------------------------
+
 
 def test_write_if_changed_creates_the_file_and_its_directories(tmp_path: Path) -> None:
     path = tmp_path / "a" / "b" / "model.cpp"
@@ -515,7 +665,9 @@ def test_write_if_changed_replaces_changed_content_atomically(tmp_path: Path) ->
     assert [p.name for p in tmp_path.iterdir()] == ["model.cpp"]  # no temporary file left beside it
 
 
-# --- write_wheel: reproducible members, deflated only where that pays --------------------------------------------------
+# --- write_wheel: reproducible members, deflated only where that pays
+# --------------------------------------------------
+
 
 def float_bytes(count: int, seed: int) -> bytes:
     """`count` float32 values drawn like initialised weights (normal, std 0.02): what a model's weights look like."""
@@ -545,8 +697,12 @@ def test_write_wheel_stores_float_data_and_deflates_text(tmp_path: Path) -> None
     write_wheel(tmp_path / "pkg.whl", members, 315532800)
     with zipfile.ZipFile(tmp_path / "pkg.whl") as zf:
         infos = {info.filename: info for info in zf.infolist()}
-        assert list(infos) == [*sorted(n for n in members if n.startswith("pkg/")), "pkg-0.1.dist-info/METADATA",
-                               "pkg-0.1.dist-info/WHEEL", "pkg-0.1.dist-info/RECORD"]
+        assert list(infos) == [
+            *sorted(n for n in members if n.startswith("pkg/")),
+            "pkg-0.1.dist-info/METADATA",
+            "pkg-0.1.dist-info/WHEEL",
+            "pkg-0.1.dist-info/RECORD",
+        ]
         assert {name: info.compress_type for name, info in infos.items()} == {
             "pkg/__init__.py": zipfile.ZIP_DEFLATED,
             "pkg/_model.cpython-311-x86_64-linux-gnu.so": zipfile.ZIP_STORED,
@@ -573,7 +729,9 @@ def test_write_wheel_of_the_same_members_is_byte_identical(tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.whl", "b.whl"]  # no temporary file left beside them
 
 
-# --- templates ---------------------------------------------------------------------------------------------------------
+# --- templates
+# ---------------------------------------------------------------------------------------------------------
+
 
 def test_every_template_refuses_a_missing_variable() -> None:
     """StrictUndefined: a variable the caller forgot fails the render instead of printing nothing."""
@@ -589,10 +747,15 @@ def test_every_template_refuses_a_missing_variable() -> None:
 def fake_toolchain() -> Toolchain:
     """A toolchain whose paths hold quotes and spaces, as a user's home directory may."""
     return Toolchain(
-        python=sys.executable, python_version="3.11", torch_version="2.13.0",
+        python=sys.executable,
+        python_version="3.11",
+        torch_version="2.13.0",
         torch_includes=("/home/o'neil/my venv/lib/python3.11/site-packages/torch/include", "/usr/include/python3.11"),
         torch_lib="/home/o'neil/my venv/lib/python3.11/site-packages/torch/lib",
-        cxx="/usr/bin/g++", cxx_identity="g++ (GCC) 13.2.0", meson="/usr/bin/meson", ninja="/usr/bin/ninja",
+        cxx="/usr/bin/g++",
+        cxx_identity="g++ (GCC) 13.2.0",
+        meson="/usr/bin/meson",
+        ninja="/usr/bin/ninja",
         has_last_error=True,
     )
 
@@ -602,8 +765,8 @@ def test_render_probe_writes_the_probe_project(tmp_path: Path) -> None:
 
     tc = fake_toolchain()
     render_probe(tc, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["check_probe.py", "meson.build", "probe.cpp", "shimgen_runtime.cpp", "shimgen_runtime.h"]
-    for name in ("probe.cpp", "check_probe.py", "shimgen_runtime.cpp", "shimgen_runtime.h"):
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["meson.build", *PROBE_FILES])
+    for name in PROBE_FILES:
         assert (tmp_path / name).read_bytes() == (RUNTIME / name).read_bytes(), name
     meson_build = (tmp_path / "meson.build").read_text()
     mparser.Parser(meson_build, "meson.build").parse()  # valid Meson, quotes in the paths notwithstanding
@@ -619,7 +782,8 @@ def test_render_probe_writes_the_probe_project(tmp_path: Path) -> None:
     assert all(path.stat().st_mtime_ns == old for path in tmp_path.iterdir())
 
 
-# --- serial_fast_paths: OpenMP regions with a serial copy for one-thread callers ---------------------------------------
+# --- serial_fast_paths: OpenMP regions with a serial copy for one-thread callers
+# ---------------------------------------
 
 KERNEL_WITH_REGION = """extern "C" void kernel(float* out, int64_t n)
 {
@@ -650,7 +814,11 @@ def test_serial_fast_path_copies_a_dynamic_region_without_its_team_directives() 
     assert "#pragma omp for" not in serial and "#pragma omp parallel" not in serial
     assert "#pragma omp simd" in serial and '"{ not a block"' in serial and "omp_get_thread_num()" in serial
     # The original region follows unchanged, in a block of its own; the fixed-size team is left alone.
-    region = KERNEL_WITH_REGION[KERNEL_WITH_REGION.index("    #pragma omp parallel\n") : KERNEL_WITH_REGION.index("    #pragma omp parallel num")]
+    region = KERNEL_WITH_REGION[
+        KERNEL_WITH_REGION.index("    #pragma omp parallel\n") : KERNEL_WITH_REGION.index(
+            "    #pragma omp parallel num"
+        )
+    ]
     assert region.rstrip() in rest
     assert out.count("omp_get_max_threads() == 1") == 1 and "#pragma omp parallel num_threads(2)" in out
 
@@ -714,9 +882,14 @@ STATIC_M = "Mt_blocks = 1;"
 
 
 def test_gemm_threads_follow_the_caller_where_blocking_is_computed_at_run_time() -> None:
-    source = GEMM_TEMPLATE.format(name="a", threads=2, blocking=DYNAMIC_M) + GEMM_TEMPLATE.format(name="b", threads=2, blocking=STATIC_M)
+    source = GEMM_TEMPLATE.format(name="a", threads=2, blocking=DYNAMIC_M) + GEMM_TEMPLATE.format(
+        name="b", threads=2, blocking=STATIC_M
+    )
     dynamic, static = gemm_threads_from_caller(source).split('extern "C" void cpp_fused_b')
-    assert "int64_t num_threads = omp_get_max_threads();" in dynamic and "if (M * N * K < 65536) num_threads = 1;" in dynamic
+    assert (
+        "int64_t num_threads = omp_get_max_threads();" in dynamic
+        and "if (M * N * K < 65536) num_threads = 1;" in dynamic
+    )
     assert "tid < num_threads;" in dynamic and "Kt_blocks * num_threads >=" in dynamic and " 2" not in dynamic
     assert "#pragma omp parallel if(num_threads > 1)" in dynamic
     # A region that runs alone, because the caller has one thread or the GEMM is small, takes the serial copy.
@@ -745,7 +918,8 @@ def test_gemm_partitions_run_on_the_callers_team_and_small_ones_alone(tmp_path: 
 #include <stdexcept>
 #define AOTI_TORCH_CHECK(cond, msg) if (!(cond)) throw std::runtime_error(msg)
 void mm_get_thread_blocking(int64_t threads, int64_t, int64_t M, int64_t, int64_t, int64_t, int64_t, int64_t,
-                            int64_t& Mt, int64_t& Nt, int64_t& Kt) {{ Mt = (M + threads - 1) / threads; Nt = 1; Kt = 1; }}
+                            int64_t& Mt, int64_t& Nt, int64_t& Kt) {{ Mt = (M + threads - 1) / threads; Nt = 1; Kt = 1;
+                            }}
 {kernel}
 int main() {{
     for (int threads : {{1, 2, 3}}) for (int64_t m : {{3, 3000}}) {{
@@ -763,9 +937,14 @@ int main() {{
     subprocess.run([cxx, "-fopenmp", "-O1", "-o", str(tmp_path / "gemm"), str(tmp_path / "gemm.cpp")], check=True)
     out = subprocess.run([str(tmp_path / "gemm")], capture_output=True, text=True, check=True).stdout.splitlines()
     # Partition -> 1 + the thread that ran it; 64 x 64 x 3 is below the threshold, 64 x 64 x 3000 above it.
-    assert out == ["1 3: 1 0 0 0 0 0 0 0", "1 3000: 1 0 0 0 0 0 0 0",
-                   "2 3: 1 0 0 0 0 0 0 0", "2 3000: 1 2 0 0 0 0 0 0",
-                   "3 3: 1 0 0 0 0 0 0 0", "3 3000: 1 2 3 0 0 0 0 0"]
+    assert out == [
+        "1 3: 1 0 0 0 0 0 0 0",
+        "1 3000: 1 0 0 0 0 0 0 0",
+        "2 3: 1 0 0 0 0 0 0 0",
+        "2 3000: 1 2 0 0 0 0 0 0",
+        "3 3: 1 0 0 0 0 0 0 0",
+        "3 3000: 1 2 3 0 0 0 0 0",
+    ]
 
 
 class _Layout:
