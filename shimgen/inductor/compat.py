@@ -76,6 +76,16 @@ def _attribute(
     return probe
 
 
+def _either(first: Callable[[], str | None], second: Callable[[], str | None]) -> Callable[[], str | None]:
+    """A probe that passes where either of two does (two forms a torch may have); else the first's problem."""
+
+    def probe() -> str | None:
+        problem = first()
+        return None if problem is None or second() is None else problem
+
+    return probe
+
+
 def _source_holds(module: str, path: str, *texts: str) -> Callable[[], str | None]:
     """A probe that the source (or string value) of `module.path` holds each of `texts`: text Inductor generates
     from it that shimgen edits or reads."""
@@ -295,18 +305,29 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("Inductor's embedding of user Triton kernel sources", CODEGEN, _escapes_backslashes),
     # proxy_executor.py
     Requirement("torch._export's serialized dtype, layout and memory format names", CODEGEN, _serialized_names),
-    # openmp.py: the C++ GEMM template's text that gemm_threads_from_caller edits.
+    # openmp.py: the C++ GEMM template's text that gemm_threads_from_caller edits. Its parallel region is either a
+    # worksharing loop over the partitions (torch >= 2.12) or a team told its size (torch 2.11).
     Requirement(
         "Inductor's C++ GEMM template",
         CODEGEN,
-        _source_holds(
-            f"{_INDUCTOR}.codegen.cpp_gemm_template",
-            "",
-            "constexpr int64_t num_threads = {{num_threads}};",
-            "mm_get_thread_blocking(num_threads,",
-            "for (int64_t tid = 0; tid < {{num_threads}}; tid++)",
-            "Kt_blocks * {{num_threads}} >=",
-            "#pragma omp parallel\n",
+        _either(
+            _source_holds(
+                f"{_INDUCTOR}.codegen.cpp_gemm_template",
+                "",
+                "constexpr int64_t num_threads = {{num_threads}};",
+                "mm_get_thread_blocking(num_threads,",
+                "for (int64_t tid = 0; tid < {{num_threads}}; tid++)",
+                "Kt_blocks * {{num_threads}} >=",
+                "#pragma omp parallel\n",
+            ),
+            _source_holds(
+                f"{_INDUCTOR}.codegen.cpp_gemm_template",
+                "",
+                "constexpr int64_t num_threads = {{num_threads}};",
+                "mm_get_thread_blocking(num_threads,",
+                "Kt_blocks * {{num_threads}} >=",
+                "#pragma omp parallel num_threads({{num_threads}})",
+            ),
         ),
     ),
 )

@@ -52,7 +52,11 @@ def gemm_threads_from_caller(source: str) -> str:
             continue
         # Every edit must apply: partitions left at the build machine's count while the blocking follows the caller's
         # team would leave some of the GEMM uncomputed.
-        body = _replaced(body, f"tid < {count}; tid++)", "tid < num_threads; tid++)")
+        body, told = re.subn(
+            rf"#pragma omp parallel num_threads\({count}\)", "#pragma omp parallel num_threads(num_threads)", body
+        )
+        if not told:  # torch >= 2.12: a worksharing loop over the partitions, in the caller's team
+            body = _replaced(body, f"tid < {count}; tid++)", "tid < num_threads; tid++)")
         body = _replaced(body, f"Kt_blocks * {count} >=", "Kt_blocks * num_threads >=")
         body = _replaced(
             body,
@@ -61,7 +65,7 @@ def gemm_threads_from_caller(source: str) -> str:
             1,
         )
         body, regions = _BARE_REGION.subn(r"\1#pragma omp parallel if(num_threads > 1)\n", body)
-        if not regions:
+        if not regions and not told:
             raise _template_changed("#pragma omp parallel")
         out += [source[pos : found.start()], "int64_t num_threads = omp_get_max_threads();", body]
         pos = end

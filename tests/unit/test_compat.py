@@ -204,3 +204,24 @@ def test_the_trace_stage_imports_no_inductor_codegen() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=SHIMGEN.parent)
     assert out.stdout.strip() == "False"
+
+
+GEMM_TOLD_ITS_TEAM = """extern "C" void cpp_fused_a(int* done, int64_t M) {
+    constexpr int64_t num_threads = 4;
+    mm_get_thread_blocking(num_threads, 1, M, 64, 64, 1, 1, 1, Mt_blocks, Nt_blocks, Kt_blocks);
+    AOTI_TORCH_CHECK(Mt_blocks * Nt_blocks * Kt_blocks * 4 >= M, "Not all partitions are assigned.");
+    #pragma omp parallel num_threads(4)
+    {
+        const int tid = omp_get_thread_num();
+        done[tid] = 1;
+    }
+}
+"""
+
+
+def test_the_torch_2_11_gemm_template_gets_the_callers_team_size() -> None:
+    """torch 2.11's template tells its region the team size instead of looping over partitions: the team and the
+    blocking both follow the caller's threads."""
+    edited = gemm_threads_from_caller(GEMM_TOLD_ITS_TEAM)
+    assert "#pragma omp parallel num_threads(num_threads)" in edited and "num_threads(4)" not in edited
+    assert "Kt_blocks * num_threads >=" in edited and "int64_t num_threads = omp_get_max_threads();" in edited
