@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shimgen import toolchain
+from shimgen import devices, toolchain
 from shimgen.build import meson, workers
 from shimgen.cache import shared_cache
 from shimgen.cache.shared_cache import SharedCache
 from shimgen.cache.state import Result, State
 from shimgen.commands import matrix
-from shimgen.devices import device
 from shimgen.errors import SpecError, SpecErrors, UserError
 from shimgen.files import exclusive, file_hash, shimgen_fingerprint, stage_key
 from shimgen.inductor import codegen, lockfile, weights
@@ -408,7 +407,7 @@ def _build(
             matrix.BuildId(
                 python=tc.python_version,
                 torch=tc.torch_version,
-                cuda=_torch_cuda(spec) if device(t.device).gpu else None,
+                cuda=_torch_cuda(spec) if devices.device(t.device).gpu else None,
                 target=t,
             ).identifier
             for t in spec.target
@@ -485,7 +484,7 @@ def _shared_summary(shared: SharedCache | None) -> dict[str, Any] | None:
 
 
 def _torch_cuda(spec: ProjectSpec) -> str | None:
-    return torch_cuda_version() if any(device(t.device).gpu for t in spec.target) else None
+    return torch_cuda_version() if any(devices.device(t.device).gpu for t in spec.target) else None
 
 
 def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
@@ -506,7 +505,7 @@ def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
 def _cuda_toolchain(spec: ProjectSpec) -> CudaToolchain | None:
     """nvcc and torch's CUDA, checked against the spec's cuda target; None without one."""
     for i, target in enumerate(spec.target):
-        if device(target.device).gpu:
+        if devices.device(target.device).gpu:
             try:
                 cuda = detect_cuda()
                 check_archs(cuda, target, f"target[{i}]")
@@ -537,7 +536,7 @@ def _generate_all(job: Job) -> list[Unit]:
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
     works = [
         (name, i, g, t, sizes)
-        for t in sorted(spec.target, key=lambda t: device(t.device).build_order)
+        for t in sorted(spec.target, key=lambda t: devices.device(t.device).build_order)
         for i, g in enumerate(spec.graph)
         for name, sizes in variants.works(g, t)
     ]
@@ -825,10 +824,10 @@ def _update_lockfile(job: Job, units: list[Unit]) -> None:
 
 def _require_gpu(spec: ProjectSpec, target: Target, job: Job) -> None:
     """A cuda target's toolchain proved first (nvcc, archs, torch's CUDA: what a user fixes first), then its GPU."""
-    if not device(target.device).gpu:
+    if not devices.device(target.device).gpu:
         return
     job.tools()
-    if not device(target.device).available():
+    if not devices.device(target.device).available():
         raise SpecError(
             "",
             f"target[{spec.target.index(target)}]",

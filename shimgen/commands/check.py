@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shimgen.devices import device
+from shimgen import devices
 from shimgen.spec import Graph, ProjectSpec
 from shimgen.trace.entry import call_model, example_sizes, load_model, make_inputs, project_scope
 from shimgen.trace.export import describe_type, node_parts
@@ -54,10 +54,10 @@ def compare(
     finally:
         sys.path.remove(str(package_dir))
     rows = []
-    devices = [t.device for t in spec.target if device(t.device).available()]
+    runnable = [t.device for t in spec.target if devices.device(t.device).available()]
     # The models' modules, and the types of their outputs, stay importable while they run.
     with project_scope(spec_dir):
-        for device, (i, graph) in ((d, g) for d in devices for g in enumerate(spec.graph)):
+        for device, (i, graph) in ((d, g) for d in runnable for g in enumerate(spec.graph)):
             model = load_model(graph, f"graph[{i}]", spec_dir)
             if isinstance(model, torch.nn.Module):
                 model = model.to(device)

@@ -15,11 +15,10 @@ import time
 import traceback
 from pathlib import Path
 
-from shimgen import toolchain
+from shimgen import devices, toolchain
 from shimgen.cache import shared_cache
 from shimgen.commands import ci_workflow, matrix, report
 from shimgen.commands.check import compare
-from shimgen.devices import device
 from shimgen.errors import BuildError, UserError
 from shimgen.files import exclusive
 from shimgen.package import merge
@@ -357,7 +356,7 @@ def _check(args: argparse.Namespace) -> int:
         else f"all {len(rows)} outputs match eager ({tolerances})"
     )
     print(f"\ncheck: {verdict} in {time.monotonic() - started:.1f}s", file=sys.stderr)
-    if any(not device(t.device).available() for t in spec.target):
+    if any(not devices.device(t.device).available() for t in spec.target):
         print("check: the cuda target was not checked: this machine has no GPU", file=sys.stderr)
         if not rows:
             return 1

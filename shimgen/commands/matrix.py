@@ -8,7 +8,7 @@ import fnmatch
 import sys
 from dataclasses import dataclass
 
-from shimgen.devices import device
+from shimgen import devices
 from shimgen.errors import UserError
 from shimgen.spec import ProjectSpec, Target
 from shimgen.toolchain.cuda import torch_cuda_version
@@ -41,7 +41,7 @@ class BuildId:
 
 
 def target_label(target: Target, cuda: str | None, sep: str) -> str:
-    if not device(target.device).gpu:
+    if not devices.device(target.device).gpu:
         return f"{target.device}{sep}{target.isa}"
     return sep.join([f"cu{(cuda or '').replace('.', '')}", *target.archs])
 
@@ -68,14 +68,14 @@ def identifiers(spec: ProjectSpec) -> list[BuildId]:
     cuda_versions = spec.matrix.cuda or ([cuda] if cuda else [])
     ids = []
     for target in spec.target:
-        if device(target.device).gpu and not cuda_versions:
+        if devices.device(target.device).gpu and not cuda_versions:
             raise UserError(
                 "the spec has a cuda target and this torch is a CPU build: list the CUDA versions to build for in "
                 'matrix.cuda, such as ["13.0"]'
             )
         for py in spec.matrix.python or [python]:
             for version in spec.matrix.torch or [torch]:
-                for cu in cuda_versions if device(target.device).gpu else [None]:
+                for cu in cuda_versions if devices.device(target.device).gpu else [None]:
                     ids.append(BuildId(python=py, torch=version, cuda=cu, target=target))
     return ids
 

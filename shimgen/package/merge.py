@@ -11,7 +11,7 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
-from shimgen.devices import device
+from shimgen import devices
 from shimgen.errors import UserError
 from shimgen.package.wheel import write_wheel
 from shimgen.project.render import BUILD_MANIFEST, render_init
@@ -33,11 +33,11 @@ def merge(wheels: list[Path], out: Path) -> Path:
                 )
         if part["manifest"]["graphs"] != first["manifest"]["graphs"]:
             raise UserError(f"merge: {part['wheel'].name} and {first['wheel'].name} hold different graphs")
-    devices = [t["device"] for p in parts for t in p["manifest"]["targets"]]
-    twice = next((d for i, d in enumerate(devices) if devices.index(d) != i), None)
+    held = [t["device"] for p in parts for t in p["manifest"]["targets"]]
+    twice = next((d for i, d in enumerate(held) if held.index(d) != i), None)
     if twice:
         raise UserError(f"merge: two wheels hold a {twice} target; a package has one target per device")
-    parts.sort(key=lambda p: [device(t["device"]).build_order for t in p["manifest"]["targets"]])
+    parts.sort(key=lambda p: [devices.device(t["device"]).build_order for t in p["manifest"]["targets"]])
     label = ".".join([f"torch{first['torch']}", *(p["targets_label"] for p in parts)])
     version = f"{first['base']}+{label}"
     manifest = _merged_manifest(parts, version)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shimgen.devices import device
+from shimgen import devices
 from shimgen.inductor import compat, internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
 from shimgen.spec import Graph
@@ -116,7 +116,7 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
     loaded: dict[Path, Any] = {}
     for models in plan.graphs:
         graph = models.graph
-        if not device(models.device).available():
+        if not devices.device(models.device).available():
             report.skipped.append(f"{graph.name} (cuda): no GPU on this machine")
             continue
         compiled = getattr(package, graph.name)

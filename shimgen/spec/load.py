@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from packaging.version import InvalidVersion, Version
 
-from shimgen.devices import device
+from shimgen import devices
 from shimgen.errors import SpecError
 from shimgen.spec.model import (
     DIM_SIZE_LIMIT,
@@ -491,17 +491,17 @@ def _bytes_text(n: int) -> str:
 
 
 def _validate_targets(targets: list[Target]) -> None:
-    devices: set[str] = set()
+    seen: set[str] = set()
     for i, target in enumerate(targets):
         where = f"target[{i}]"
-        if target.device in devices:
+        if target.device in seen:
             raise SpecError(
                 "",
                 f"{where}.device",
                 f"a second '{target.device}' target: build one package per {target.device} variant",
             )
-        devices.add(target.device)
-        if not device(target.device).gpu:
+        seen.add(target.device)
+        if not devices.device(target.device).gpu:
             if target.archs:
                 raise SpecError("", f"{where}.archs", "archs applies to cuda targets only")
             target.isa = target.isa or "native"
@@ -519,7 +519,7 @@ def _validate_targets(targets: list[Target]) -> None:
 
 def _validate_flags(spec: ProjectSpec) -> None:
     flags = spec.flags
-    cuda = next((t for t in spec.target if device(t.device).gpu), None)
+    cuda = next((t for t in spec.target if devices.device(t.device).gpu), None)
     if flags.split < 1:
         raise SpecError("", "flags.split", f"split must be at least 1, got {flags.split}")
     for name in ("tma", "cuda_graphs"):
@@ -540,7 +540,7 @@ CXX_SUFFIXES = (".cpp", ".cc", ".cxx")
 
 def _validate_custom_ops(spec: ProjectSpec) -> None:
     """Shapes of [[custom_op]] entries; that the files exist is checked where the build reads them."""
-    cuda = any(device(t.device).gpu for t in spec.target)
+    cuda = any(devices.device(t.device).gpu for t in spec.target)
     modules: set[str] = set()
     for i, op in enumerate(spec.custom_op):
         where = f"custom_op[{i}]"
@@ -590,7 +590,7 @@ def _validate_matrix(spec: ProjectSpec) -> None:
     for k, version in enumerate(spec.matrix.cuda):
         if not re.fullmatch(r"\d+\.\d+", version):
             raise SpecError("", f"matrix.cuda[{k}]", f"'{version}' is not a CUDA version such as '13.0'")
-    if spec.matrix.cuda and not any(device(t.device).gpu for t in spec.target):
+    if spec.matrix.cuda and not any(devices.device(t.device).gpu for t in spec.target):
         raise SpecError("", "matrix.cuda", "applies to a cuda target; the spec has none")
     for name, values in (("torch", spec.matrix.torch), ("python", spec.matrix.python), ("cuda", spec.matrix.cuda)):
         twice = next((v for i, v in enumerate(values) if values.index(v) != i), None)
