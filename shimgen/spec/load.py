@@ -259,6 +259,12 @@ def _validate_project(spec: ProjectSpec) -> None:
     _length(project.name, "project.name", NAME_LIMIT)
     if project.name in ("torch", "shimgen"):
         raise SpecError("", "project.name", f"'{project.name}' would shadow a package the generated one needs")
+    if project.name in sys.stdlib_module_names:
+        raise SpecError(
+            "",
+            "project.name",
+            f"'{project.name}' is a module of Python's standard library: the package could not be imported",
+        )
     _length(project.version, "project.version", VERSION_LIMIT)
     try:
         version = Version(project.version)

@@ -210,7 +210,7 @@ def test_static_then_dynamic_build_embeds_its_own_kernels(workdir: Path, tmp_pat
     text = (workdir / "projects" / "gpu.toml").read_text()
     (projects / "dyn.toml").write_text(edited(text, 'name = "gpu"', 'name = "dyn"'))
     dynamic_batch = 'shape = ["batch", 32] }]\ndims = { batch = { min = 1, max = 64, example = 4 } }'
-    static = edited(edited(text, 'name = "gpu"', 'name = "stat"'), dynamic_batch, "shape = [4, 32] }]")
+    static = edited(edited(text, 'name = "gpu"', 'name = "static_mlp"'), dynamic_batch, "shape = [4, 32] }]")
     assert static.count("shape = [4, 32]") == 1
     (projects / "stat.toml").write_text(static)
     build_json(projects / "stat.toml", tmp_path)

@@ -85,6 +85,11 @@ CASES = [
     ),
     ("duplicate graph", PROJECT + GOOD_GRAPH + GOOD_GRAPH, "graph[1].name: graph name 'forward' is used twice"),
     (
+        "standard library name",
+        edited(PROJECT, 'name = "demo"', 'name = "stat"') + GOOD_GRAPH,
+        "project.name: 'stat' is a module of Python's standard library: the package could not be imported",
+    ),
+    (
         "unknown dim",
         PROJECT + edited(GOOD_GRAPH, '["batch", 32]', '["btach", 32]'),
         "graph[0].inputs[0].shape[0]: 'btach' is not a dim of this graph (dims: batch)",
