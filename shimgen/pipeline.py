@@ -226,7 +226,10 @@ def build(
             url = shared_cache.configured(cache_url)
             shared = SharedCache(shared_cache.backend(url)) if url else None
             if shared:
-                os.environ.setdefault("CCACHE_REMOTE_STORAGE", shared_cache.ccache_remote(shared.backend))
+                remote = shared_cache.ccache_remote(shared.backend)
+                # ccache 4.8 renamed its secondary storage to remote storage; either reads its own name.
+                for name in ("CCACHE_REMOTE_STORAGE", "CCACHE_SECONDARY_STORAGE"):
+                    os.environ.setdefault(name, remote)
             return _build(
                 spec,
                 layout,
