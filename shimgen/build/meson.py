@@ -75,10 +75,12 @@ def build(
         )
         if not setup.ok:
             raise BuildFailure(what, "meson setup", setup, setup.tail(25))
-    return _ninja(build_dir, tc, what, progress or (lambda message: None))
+    return _ninja(build_dir, tc, what, progress or (lambda message: None), launcher)
 
 
-def _ninja(build_dir: Path, tc: Toolchain, what: str, progress: Callable[[str], None]) -> CompileResult:
+def _ninja(
+    build_dir: Path, tc: Toolchain, what: str, progress: Callable[[str], None], launcher: str | None
+) -> CompileResult:
     started = time.time()
     done = total = 0
 
@@ -91,7 +93,7 @@ def _ninja(build_dir: Path, tc: Toolchain, what: str, progress: Callable[[str], 
 
     ninja = run(
         [tc.ninja, "-C", str(build_dir)],
-        env={**_env(tc), "NINJA_STATUS": NINJA_STATUS},
+        env={**_env(tc, launcher), "NINJA_STATUS": NINJA_STATUS},
         log=_log(build_dir, "compile"),
         on_line=on_line,
     )
