@@ -14,6 +14,7 @@ fi
 bash scripts/setup.sh
 # Lint and type-check first (configuration in pyproject.toml): any finding fails the run before the slow tests start.
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m mypy
 # Two workers on the machine's two cores; a test file stays on one worker, with its module's fixtures.
 workers=(-n "${TEST_WORKERS:-2}" --dist loadfile)
