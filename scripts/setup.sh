@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates the venv ($VENV, default .venv) with torch $TORCH_VERSION (default 2.13.0; pinned and installed first, so
-# nothing resolves a CUDA build from the registry), the build tools, the test tools (pytest, pytest-xdist, ruff,
+# nothing resolves a CUDA build from the registry), the build tools (meson, ninja, cmake), the test tools (pytest, pytest-xdist, ruff,
 # jsonschema, pyyaml) and shimgen itself (built by meson-python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +20,8 @@ constraints="$(mktemp)"
 trap 'rm -f "$constraints"' EXIT
 echo "torch==${TORCH_VERSION}" > "$constraints"
 pip+=(-c "$constraints")
-"${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja jinja2 packaging numpy pytest pytest-xdist hypothesis jsonschema pyyaml "transformers==5.23.0"
+# cmake: the C++ package's CMake consumer in the tests (examples/cpp).
+"${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja "cmake>=3.18" jinja2 packaging numpy pytest pytest-xdist hypothesis jsonschema pyyaml "transformers==5.23.0"
 # The model zoo's vision models (timm needs torchvision, whose wheel matches torch's version; its ops library may not load
 # on a CPU build of torch, which timm's models do not need).
 "${pip[@]}" "timm==1.0.29" "torchvision==$(torchvision_for "$TORCH_VERSION")"

@@ -34,12 +34,13 @@ from shimgen.commands import matrix
 from shimgen.errors import SpecError, SpecErrors, UserError
 from shimgen.files import exclusive, file_hash, shimgen_fingerprint, stage_key
 from shimgen.inductor import codegen, lockfile, weights
-from shimgen.package import verify
+from shimgen.package import cpp, verify
 from shimgen.package import wheel as package
 from shimgen.project import render
 from shimgen.results import (
     CodegenResult,
     CompileResult,
+    CppPackageResult,
     CustomOps,
     KernelChoice,
     PackageResult,
@@ -71,6 +72,9 @@ class BuildOutput:
     wheel: Path
     package_dir: Path
     graphs: list[str]
+    cpp_prefix: Path | None = None  # the C++ package, installed (package/cpp.py)
+    cpp_archive: Path | None = None
+    cpp_skipped: str | None = None  # why the build made no C++ package
     stages: dict[str, float] = field(default_factory=dict)
     compile_units: tuple[int, int] = (0, 0)
     slowest_units: list[tuple[str, float]] = field(default_factory=list)
@@ -94,6 +98,9 @@ class BuildOutput:
             "target": self.target,
             "wheel": str(self.wheel),
             "package_dir": str(self.package_dir),
+            "cpp_prefix": str(self.cpp_prefix) if self.cpp_prefix else None,
+            "cpp_archive": str(self.cpp_archive) if self.cpp_archive else None,
+            "cpp_skipped": self.cpp_skipped,
             "graphs": self.graphs,
             "stages": {k: round(v, 3) for k, v in self.stages.items()},
             "compiled_units": {"done": self.compile_units[0], "total": self.compile_units[1]},
@@ -137,6 +144,10 @@ class Layout:
     @property
     def site(self) -> Path:
         return self.root / "site"
+
+    @property
+    def cpp(self) -> Path:
+        return self.root / "cpp"
 
     @property
     def state_file(self) -> Path:
@@ -358,10 +369,14 @@ def _build(
     job.state.forget_all_but(
         "unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")}
     )
+    target = "+".join(render.target_id(t) for t in spec.target)
     version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
     wheel_key = _wheel_key(job, units, version)
     packaged = _shared_wheel(job, wheel_key, units) if shared else None
     compiled = None
+    cpp_skipped = render.cpp_package_skipped(spec, units)
+    archive = cpp.archive_name(spec.project.name, spec.project.version, target)
+    cpp_package = None
     if packaged is None:
         built = tools()
         _keep_meson_dir_if_configured_for(job, built)
@@ -386,19 +401,33 @@ def _build(
                 lambda msg: report("compile", msg),
             )
         packaged = _package(job, project, compiled, units)
+        if cpp_skipped is None:
+            cpp_package = _cpp_package(job, packaged, archive)
         if shared:
             shared.put(
                 "wheel",
                 wheel_key,
                 shared_cache.pack(packaged.wheel.parent, [packaged.wheel], packaged.wheel.name.encode()),
             )
+            if cpp_package:
+                shared.put("cpp", wheel_key, cpp_package.archive.read_bytes())
             job.state.commit("wheel", Stamp(key=wheel_key))
+    elif cpp_skipped is None:
+        cpp_package = _shared_cpp_package(job, wheel_key, packaged, archive)
+        if cpp_package is None:
+            cpp_skipped = "the package came from the shared cache, which holds no C++ package for it"
+    if cpp_package is None:
+        shutil.rmtree(layout.cpp, ignore_errors=True)  # the C++ package of an earlier build, of other flags
+        job.state.forget("cpp")
     _update_lockfile(job, units)
     return BuildOutput(
         name=spec.project.name,
-        target="+".join(render.target_id(t) for t in spec.target),
+        target=target,
         wheel=packaged.wheel,
         package_dir=packaged.site,
+        cpp_prefix=cpp_package.prefix if cpp_package else None,
+        cpp_archive=cpp_package.archive if cpp_package else None,
+        cpp_skipped=cpp_skipped,
         graphs=[g.name for g in spec.graph],
         stages=timeline.seconds,
         compile_units=(compiled.units_done, compiled.units_total) if compiled else (0, 0),
@@ -859,6 +888,35 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult, units:
         )
     job.state.commit("package", packaged)
     return packaged
+
+
+def _cpp_package(job: Job, packaged: PackageResult, archive: str) -> CppPackageResult:
+    layout = job.layout
+    key = stage_key(packaged.key, archive)
+    made = _cached(job, "cpp", CppPackageResult, key)
+    if made is not None:
+        return made
+    with job.timeline.stage("package", "the C++ package"):
+        made = cpp.build(
+            layout.meson, packaged.site, layout.dist, layout.cpp, job.spec.project.name, archive, job.tools().tc, key
+        )
+    job.state.commit("cpp", made)
+    return made
+
+
+def _shared_cpp_package(job: Job, wheel_key: str, packaged: PackageResult, archive: str) -> CppPackageResult | None:
+    """The C++ package beside a wheel this build did not compile: as the last build left it, or from the shared
+    cache."""
+    key = stage_key(packaged.key, archive)
+
+    def from_shared(shared: SharedCache) -> CppPackageResult | None:
+        data = shared.get("cpp", wheel_key)
+        if data is None:
+            return None
+        with job.timeline.stage("package", "the C++ package from the shared cache"):
+            return cpp.install(data, job.layout.dist, job.layout.cpp, job.spec.project.name, archive, job.tc, key)
+
+    return _cached(job, "cpp", CppPackageResult, key, shared=from_shared)
 
 
 def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:

@@ -213,6 +213,17 @@ class Prebuilt:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CppPackageResult:
+    key: str
+    prefix: Path  # include/, lib/ (lib<name>.so, lib/<name>/, cmake/, pkgconfig/)
+    archive: Path  # the prefix's contents as dist/<name>-<version>-<target>-cpp.tar.gz
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return (self.prefix, self.archive)
+
+
+@dataclass(frozen=True, kw_only=True)
 class RenderedProject:
     key: str  # hash of every file of the project
     root: Path

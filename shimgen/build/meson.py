@@ -127,6 +127,32 @@ def build_wheel(source: Path, build_dir: Path, out: Path, tc: Toolchain, launche
     )
 
 
+def install_tagged(build_dir: Path, tag: str, destdir: Path, tc: Toolchain) -> Path:
+    """`meson install` of what `build_dir` built with install tag `tag`, into `destdir`; returns where the prefix's
+    contents landed there."""
+    installed = run(
+        [
+            tc.meson,
+            "install",
+            "-C",
+            str(build_dir),
+            "--no-rebuild",
+            "--tags",
+            tag,
+            "--destdir",
+            str(destdir),
+            "--quiet",
+        ],
+        env=_env(tc),
+        log=_log(build_dir, f"install-{tag}"),
+    )
+    if not installed.ok:
+        raise BuildFailure(f"the {tag} package", "meson install", installed, installed.tail(20))
+    options = json.loads((build_dir / "meson-info" / "intro-buildoptions.json").read_text())
+    prefix = next(o["value"] for o in options if o["name"] == "prefix")
+    return destdir / Path(prefix).relative_to("/")
+
+
 def source_date_epoch() -> int:
     """$SOURCE_DATE_EPOCH (reproducible-builds.org) when set, else the earliest time a zip can hold: never the clock."""
     value = os.environ.get("SOURCE_DATE_EPOCH", "").strip()

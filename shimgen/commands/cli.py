@@ -270,6 +270,11 @@ def _print_summary(result: BuildOutput) -> None:
     print(f"\nbuilt {result.name} ({', '.join(result.identifiers)}): {', '.join(result.graphs)}", file=err)
     print(f"  wheel:       {result.wheel}", file=err)
     print(f"  package_dir: {result.package_dir}", file=err)
+    if result.cpp_prefix:
+        print(f"  C++ package: {result.cpp_prefix} (find_package({result.name}), pkg-config {result.name})", file=err)
+        print(f"               {result.cpp_archive}", file=err)
+    else:
+        print(f"  C++ package: none ({result.cpp_skipped})", file=err)
     print(
         f"  compiler cache: {result.compiler_cache or 'none (no ccache/sccache on PATH, --no-cache, or nothing compiled)'}",
         file=err,

@@ -42,6 +42,18 @@ def meson(value: str) -> Markup:
     return Markup(f"'{text}'")
 
 
+def cmake(value: str) -> Markup:
+    """A CMake quoted argument: no variable reference or escape sequence inside is evaluated."""
+    text = "".join("\\" + c if c in '\\"$' else "\\n" if c == "\n" else c for c in str(value))
+    return Markup(f'"{text}"')
+
+
+def pkgconfig(value: str) -> Markup:
+    """A word of a pkg-config file's Cflags or Libs: spaces and shell characters escaped, `$` doubled."""
+    text = str(value).replace("$", "$$")
+    return Markup("".join("\\" + c if c in " \t\\\"'#" else c for c in text))
+
+
 def toml(value: str) -> Markup:
     """A TOML basic string (non-ASCII text stays as it is: TOML files are UTF-8)."""
     escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -94,6 +106,8 @@ FILTERS = {
     "cpp": cpp,
     "meson": meson,
     "toml": toml,
+    "cmake": cmake,
+    "pkgconfig": pkgconfig,
     "yaml": yaml,
     "ident": ident,
     "plain": plain,

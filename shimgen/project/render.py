@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from packaging.version import Version
 
 from shimgen import devices
 from shimgen.files import stage_key, write_if_changed
@@ -76,32 +77,11 @@ def render_probe(tc: Toolchain, out: Path) -> None:
         write_if_changed(out / name, (RUNTIME / name).read_bytes())
 
 
-# shimgen/runtime's sources of the runtime library (runtime_lib.py), and those a generated project compiles against.
-RUNTIME_LIBRARY = (
-    "shimgen_core.cpp",
-    "shimgen_python.cpp",
-    "shimgen_runtime.cpp",
-    "shimgen_core.h",
-    "shimgen_graph.h",
-    "shimgen_handles.h",
-    "shimgen_model_api.h",
-    "shimgen_python.h",
-    "shimgen_runtime.h",
-    "shimgen_state.h",
-    "shimgen_tree.h",
-    "shimgen_variants.h",
-    "shimgen_weights.h",
-    "shimgen_cuda_graph.h",
-)
+# shimgen/runtime's sources of the runtime library (runtime_lib.py): every shimgen_* C++ file there.
+RUNTIME_LIBRARY = tuple(sorted(p.name for p in RUNTIME.glob("shimgen_*") if p.suffix in (".h", ".cpp")))
 RUNTIME_TESTS = ("tests/runtime_tests.cpp",)
-PROJECT_HEADERS = (
-    "shimgen_graph.h",
-    "shimgen_python.h",
-    "shimgen_model_api.h",
-    "shimgen_variants.h",
-    "shimgen_weights.h",
-    "shimgen_model_constants.h",
-)
+# The runtime headers a generated project compiles against (the CPython binding, the C++ front door).
+PROJECT_HEADERS = tuple(name for name in RUNTIME_LIBRARY if name.endswith(".h"))
 
 
 def runtime_sources(tests: bool) -> list[tuple[str, bytes]]:
@@ -222,6 +202,7 @@ def render_project(
     name = spec.project.name
     files: dict[Path, str | bytes] = {}
     binding = env.get_template("project/binding.cpp.j2")
+    cpp_skipped = cpp_package_skipped(spec, units)
     target_ids = " and ".join(target_id(t) for t in spec.target)
     unit_context = []
     for u in units:
@@ -237,10 +218,12 @@ def render_project(
                 files[src / "proxy_executor.cpp"] = env.get_template("project/proxy_executor.cpp.j2").render(
                     graph=u.graph.name, nodes=nodes
                 )
-            if variant is not None:
-                files[src / "variant.cpp"] = env.get_template("project/variant.cpp.j2").render(
+            if variant is not None or cpp_skipped is None:
+                files[src / ("variant.cpp" if variant else "entry.cpp")] = env.get_template(
+                    "project/variant.cpp.j2"
+                ).render(
                     graph=u.graph.name,
-                    sizes=_label(variant),
+                    sizes=_label(variant) if variant else "",
                     device=u.target.device,
                     proxy_executor=code.extern_nodes is not None,
                     has_last_error=tc.has_last_error,
@@ -264,6 +247,7 @@ def render_project(
                 else dynamic.read_bytes()
             )
         context = _binding_context(u, tc, spec, target_ids)
+        files[out / "src" / u.name / "graph_spec.h"] = env.get_template("project/graph_spec.h.j2").render(context)
         files[out / "src" / u.name / "binding.cpp"] = binding.render(context)
         files[out / "src" / u.name / "variants.cpp"] = env.get_template("project/variants.cpp.j2").render(context)
         unit_context.append(
@@ -344,6 +328,18 @@ def render_project(
             for g in spec.graph
         },
     }
+    context["cpp"] = None
+    if cpp_skipped is None:
+        context["cpp"] = _cpp_context(spec, tc, units, prebuilt, unit_context)
+        cpp_context = {**context, **context["cpp"]}
+        for template, path in (
+            ("package.h.j2", out / "include" / name / f"{name}.h"),
+            ("package.cpp.j2", out / "src" / "cpp" / "package.cpp"),
+            ("Config.cmake.j2", out / "src" / "cpp" / f"{name}Config.cmake"),
+            ("ConfigVersion.cmake.j2", out / "src" / "cpp" / f"{name}ConfigVersion.cmake"),
+            ("package.pc.j2", out / "src" / "cpp" / f"{name}.pc"),
+        ):
+            files[path] = env.get_template(f"project/cpp/{template}").render(cpp_context)
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
     files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
     # Devices and names only: the manifest holds no path of the build machine.
@@ -382,6 +378,65 @@ def render_project(
             f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content)
         )
     return RenderedProject(key=digest.hexdigest(), root=out, sources=tuple(sorted(files)))
+
+
+def cpp_package_skipped(spec: ProjectSpec, units: list[Unit]) -> str | None:
+    """Why this build makes no C++ package (project.cpp = false, a graph that needs Python), or None."""
+    if not spec.project.cpp:
+        return "project.cpp = false"
+    python_ops = sorted({m for u in units for m in u.code.run_time_modules})
+    if python_ops:
+        return f"graphs call ops defined in Python ({', '.join(python_ops)}), which a program without Python cannot run"
+    return None
+
+
+def _cpp_context(
+    spec: ProjectSpec,
+    tc: Toolchain,
+    units: list[Unit],
+    prebuilt: dict[str, Prebuilt],
+    unit_context: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """What the C++ package's files are rendered from. Its library links the runtime of the GPU where the spec has a
+    GPU target (that build also runs CPU graphs), else the CPU's."""
+    gpu = next((t.device for t in spec.target if devices.device(t.device).gpu), None)
+    device = gpu or spec.target[0].device
+    torch_dir = str(Path(tc.torch_lib).parent)
+    torch_libraries = ["c10", "torch", "torch_cpu"] + (["c10_cuda", "torch_cuda"] if gpu else [])
+    major, minor, patch = (tc.torch_version.split(".") + ["0", "0"])[:3]
+    graph_docs = []
+    for g in spec.graph:
+        unit = next(u for u in units if u.graph is g)
+        inputs = ", ".join(f"{inp.name}: {inp.dtype}[{', '.join(str(s) for s in inp.shape)}]" for inp in g.inputs)
+        count = unit.code.num_outputs
+        graph_docs.append(
+            {
+                "name": g.name,
+                "inputs": f"({inputs})",
+                "outputs": f"{count} output{'s' if count != 1 else ''} (the Python package's pytree leaves, in order)",
+            }
+        )
+    return {
+        "cuda": gpu is not None,
+        "runtime_core": str(prebuilt[device].runtime_libs[-1]),  # link order: the CPython face, then the core
+        "graphs": graph_docs,
+        "units": [
+            {
+                **u,
+                "spec_namespace": f"shimgen_graph_{u['name']}",
+                "graph_index": [g.name for g in spec.graph].index(u["graph"]),
+            }
+            for u in unit_context
+        ],
+        "torch_major": int(major),
+        "torch_minor": int(minor),
+        "torch_patch": int("".join(c for c in patch if c.isdigit()) or 0),
+        "torch_dir": torch_dir,
+        "torch_lib": tc.torch_lib,
+        "torch_includes": [tc.torch_includes[0], f"{tc.torch_includes[0]}/torch/csrc/api/include"],
+        "torch_libraries": [f"{tc.torch_lib}/lib{lib}.so" for lib in torch_libraries],
+        "cmake_version": ".".join(str(n) for n in Version(spec.project.version).release[:4]),
+    }
 
 
 def path_maps(tc: Toolchain, source_dirs: tuple[Path, ...] = ()) -> list[str]:
@@ -436,6 +491,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
     return {
         "graph": graph.name,
         "module": f"_{u.name}",
+        "spec_namespace": f"shimgen_graph_{u.name}",
         "target_ids": target_ids,
         "device": u.target.device,
         "gpu": devices.device(u.target.device).gpu,
@@ -453,6 +509,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "state": sorted({name for _, code in u.generated for name in code.state}),
         "variants": [
             {
+                "name": v.name,
                 "label": _label(v),
                 "library": f"{u.library(v)}.so",
                 "dim_sizes": [dict(v.sizes).get(name, -1) for name in graph.dims],

@@ -154,7 +154,6 @@ std::string directory_of(const void* address) {
 }
 
 Graph::Graph(const GraphSpec& spec, const std::string& directory) : spec_(spec) {
-  if (stateful()) state_ = new StateGroup;  // never destroyed: another extension may share it
   models_.reserve(1 + spec.num_variants);
   models_.emplace_back();
   models_.back().api = spec.linked;
@@ -173,13 +172,27 @@ Graph::Graph(const GraphSpec& spec, const std::string& directory) : spec_(spec) 
     models_.back().api = getter();
     models_.back().variant = &info;
   }
+  // Never destroyed by the Graph: another extension may share it (the C++ package frees its own).
+  if (stateful()) state_ = new StateGroup;
 #ifdef SHIMGEN_CUDA
-  if (spec.cuda_graphs) {
+  if (spec.cuda && spec.cuda_graphs) {
     for (Model& m : models_) {
       if (m.variant ? m.variant->captured : spec.num_dims == 0) m.captured = new CapturedModel;
     }
   }
 #endif
+}
+
+Graph::~Graph() {
+  if (spec_.cuda && device_.load() >= 0) {
+    new std::vector<Model>(std::move(models_));  // left to process exit (shimgen_core.h)
+    return;
+  }
+#ifdef SHIMGEN_CUDA
+  for (Model& m : models_) delete m.captured;  // never captured: no call made the containers
+#endif
+  destroy_containers();
+  for (Model& m : models_) m.weights.delete_handles();
 }
 
 int32_t Graph::instances(const Model& m) const {
@@ -195,7 +208,7 @@ bool Graph::is_state(const std::string& fqn) const {
   return false;
 }
 
-std::string Graph::device_string() const { return spec_.cuda ? "cuda:" + std::to_string(device_) : "cpu"; }
+std::string Graph::device_string() const { return spec_.cuda ? "cuda:" + std::to_string(device_.load()) : "cpu"; }
 
 void Graph::create_containers() {
   if (spec_.cuda) return;
@@ -231,9 +244,10 @@ void Graph::check_devices(const at::TensorBase* const* inputs) const {
                             device.str() + "; all inputs must be on one GPU");
     }
   }
-  if (device_ >= 0 && device.index() != device_) {
+  const int32_t loaded = device_.load();
+  if (loaded >= 0 && device.index() != loaded) {
     fail_input(false, prefix(spec_) + "inputs are on " + device.str() + ", but this callable's model was loaded on cuda:" +
-                          std::to_string(device_) + " by its first call and serves that GPU only");
+                          std::to_string(loaded) + " by its first call and serves that GPU only");
   }
 }
 
@@ -255,6 +269,7 @@ Model& Graph::prepare(const at::TensorBase* const* inputs, const int64_t* dim_va
       ready = true;
     }
     ensure_containers(device);
+    if (device_.load() != device) check_devices(inputs);  // another thread's first call made them on its GPU
   }
 #else
   (void)inputs;
@@ -267,7 +282,7 @@ void Graph::execute(Model& model, const at::TensorBase* const* inputs, at::Tenso
   const size_t num_inputs = spec_.num_inputs, num_outputs = spec_.num_outputs;
   std::unique_lock<std::mutex> turn = stateful() ? std::unique_lock<std::mutex>(state_->calls) : std::unique_lock<std::mutex>();
 #ifdef SHIMGEN_CUDA
-  const int32_t device = spec_.cuda ? device_ : 0;
+  const int32_t device = spec_.cuda ? device_.load() : 0;
   if (model.captured) {
     SmallArray<at::Tensor> results(num_outputs);
     std::vector<at::Tensor> state;
@@ -356,11 +371,12 @@ using DeviceCopies = std::unordered_map<const void*, at::TensorBase>;
 
 at::TensorBase Graph::to_device(const at::TensorBase& bytes, void* copies_address) const {
   DeviceCopies& copies = *static_cast<DeviceCopies*>(copies_address);
-  if (bytes.device().is_cuda() && bytes.device().index() == device_) return bytes;
+  const int32_t device = device_.load();
+  if (bytes.device().is_cuda() && bytes.device().index() == device) return bytes;
   if (auto it = copies.find(bytes.data_ptr()); it != copies.end() && it->second.numel() == bytes.numel()) return it->second;
   const int64_t size = bytes.numel(), stride = 1;
   AtenTensorHandle dst = nullptr;
-  if (aoti_torch_empty_strided(1, &size, &stride, aoti_torch_dtype_uint8(), aoti_torch_device_type_cuda(), device_, &dst) != AOTI_TORCH_SUCCESS) {
+  if (aoti_torch_empty_strided(1, &size, &stride, aoti_torch_dtype_uint8(), aoti_torch_device_type_cuda(), device, &dst) != AOTI_TORCH_SUCCESS) {
     throw std::runtime_error("out of GPU memory for the weights");
   }
   at::TensorBase result = take(dst);
@@ -386,7 +402,7 @@ at::TensorBase Graph::state_on_device(const at::TensorBase& bytes) const {
 void Graph::apply_weights(Model& m, const std::vector<at::TensorBase>& given, WeightSet& retired, void* copies) {
   const ModelApi& api = *m.api;
   const std::string device = device_string();
-  const int32_t device_index = spec_.cuda ? device_ : 0;
+  const int32_t device_index = spec_.cuda ? device_.load() : 0;
   const std::vector<Constant> constants = api.constants(device.c_str());
   if (given.size() != constants.size()) {
     throw std::runtime_error("expected " + std::to_string(constants.size()) + " weights, got " + std::to_string(given.size()));
@@ -480,10 +496,13 @@ void Graph::set_weights(std::vector<std::vector<at::TensorBase>>& given, std::ve
     throw Error(prefix(spec_) + "_set_weights() needs the weights of " + std::to_string(models_.size()) + " models, got " +
                 std::to_string(given.size()));
   }
-  if (spec_.cuda && device_ < 0) {  // the containers are made by the first call, which applies these
-    for (size_t m = 0; m < models_.size(); ++m) models_[m].pending = std::move(given[m]);
-    weights_given_ = true;
-    return;
+  if (spec_.cuda) {
+    std::lock_guard<std::mutex> lock(containers_mutex_);
+    if (!containers_ready_.load()) {  // the containers are made by the first call, which applies these
+      for (size_t m = 0; m < models_.size(); ++m) models_[m].pending = std::move(given[m]);
+      weights_given_ = true;
+      return;
+    }
   }
   try {
     apply_all_weights(given, retired);
@@ -494,39 +513,46 @@ void Graph::set_weights(std::vector<std::vector<at::TensorBase>>& given, std::ve
 }
 
 // The containers are made on the first call's GPU, not at import: importing a package with a cuda target neither
-// initializes CUDA nor takes GPU memory.
+// initializes CUDA nor takes GPU memory. The first calls of several threads make them once.
 void Graph::ensure_containers(int32_t device) {
 #ifndef SHIMGEN_CUDA
   throw Error(prefix(spec_) + "this runtime library was built without CUDA (device " + std::to_string(device) + ")");
 #else
-  if (device_ >= 0) return;
+  if (containers_ready_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(containers_mutex_);
+  if (containers_ready_.load()) return;
   const std::string device_str = "cuda:" + std::to_string(device);
-  for (Model& m : models_) {
-    CUDAGuardHandle guard = nullptr;  // AOTInductor makes the model's GPU current; the caller's comes back after
-    aoti_torch_create_cuda_guard(device, &guard);
-    const AOTIRuntimeError status = m.api->create(&m.container, instances(m), device_str.c_str(), nullptr);
-    if (guard) aoti_torch_delete_cuda_guard(guard);
-    if (status != AOTI_RUNTIME_SUCCESS) {
-      m.container = nullptr;
-      const std::string error = prefix(spec_) + "could not load the compiled model" + m.label() + " on " + device_str + ": " + m.api->last_error();
-      for (Model& made : models_) {
-        if (made.container) made.api->destroy(made.container);
-        made.container = nullptr;
+  if (device_.load() < 0) {
+    for (Model& m : models_) {
+      CUDAGuardHandle guard = nullptr;  // AOTInductor makes the model's GPU current; the caller's comes back after
+      aoti_torch_create_cuda_guard(device, &guard);
+      const AOTIRuntimeError status = m.api->create(&m.container, instances(m), device_str.c_str(), nullptr);
+      if (guard) aoti_torch_delete_cuda_guard(guard);
+      if (status != AOTI_RUNTIME_SUCCESS) {
+        m.container = nullptr;
+        const std::string error = prefix(spec_) + "could not load the compiled model" + m.label() + " on " + device_str +
+                                  ": " + m.api->last_error();
+        for (Model& made : models_) {
+          if (made.container) made.api->destroy(made.container);
+          made.container = nullptr;
+        }
+        throw Error(error);
       }
-      throw Error(error);
     }
+    device_ = device;
   }
-  device_ = device;
-  if (weights_given_) {  // no call is in flight on new containers
+  if (weights_given_) {  // no call is in flight on new containers; pending until placed (a failure retries)
     std::vector<std::vector<at::TensorBase>> pending;
-    for (Model& m : models_) pending.push_back(std::move(m.pending));
+    for (Model& m : models_) pending.push_back(m.pending);
     std::vector<WeightSet> retired;
     try {
       apply_all_weights(pending, retired);
     } catch (const std::exception& e) {
       throw Error(prefix(spec_) + "could not load the weights on " + device_str + ": " + e.what());
     }
+    for (Model& m : models_) m.pending.clear();
   }
+  containers_ready_.store(true, std::memory_order_release);
 #endif
 }
 

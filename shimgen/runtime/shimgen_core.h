@@ -10,6 +10,7 @@
 #include <ATen/core/TensorBase.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -97,12 +98,19 @@ struct Model {
   std::string label() const;  // " (batch=1)" for a variant, "" for the dynamic model
 };
 
-// One graph's runtime. Made once per process and never destroyed (another extension may share its state group; at
-// exit the CUDA context may be gone). Calls from several threads run at once; weights are replaced under a lock.
+// One graph's runtime. The CPython face makes one per process and never destroys it (another extension may share its
+// state group); the C++ package destroys its own. Calls from several threads run at once; weights are replaced under a
+// lock.
 class Graph {
  public:
-  // `directory`: where the variants' libraries are (the extension's); throws Error where one does not load.
+  // `directory`: where the variants' libraries are (the extension's); throws Error where one does not load. `spec`
+  // must outlive the Graph.
   Graph(const GraphSpec& spec, const std::string& directory);
+  // CPU: destroys the containers. A GPU's containers, once a call made them, are left to process exit with their
+  // weights: at exit the CUDA context may be gone, and destroying them then fails. The state group is not freed.
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
 
   const GraphSpec& spec() const { return spec_; }
   size_t num_models() const { return models_.size(); }
@@ -159,9 +167,11 @@ class Graph {
   const GraphSpec& spec_;
   std::vector<Model> models_;  // [0]: the dynamic model; then the variants in spec order
   StateGroup* state_ = nullptr;
-  std::mutex weights_mutex_;  // one replacement at a time
-  bool weights_given_ = false;
-  int32_t device_ = -1;
+  std::mutex weights_mutex_;     // one replacement at a time
+  std::mutex containers_mutex_;  // cuda: the first calls make the containers once; weights given meanwhile wait
+  std::atomic<bool> weights_given_{false};
+  std::atomic<bool> containers_ready_{false};  // cuda: made, with the weights given before
+  std::atomic<int32_t> device_{-1};
 };
 
 // The directory (ending in '/') of the shared object that holds `address`, or "" where it is unknown.

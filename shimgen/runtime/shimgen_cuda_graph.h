@@ -11,7 +11,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
-#include "shimgen_runtime.h"
+#include "shimgen_handles.h"
 
 #include <memory>
 #include <mutex>

@@ -225,6 +225,20 @@ def _convert_dataclass(value: Any, cls: type, where: str) -> Any:
     return cls(**kwargs)
 
 
+# The members of the C++ package's class besides its graphs, and C++'s keywords (with the namespaces a C++ program of
+# torch uses): neither can name a graph, nor the latter the package.
+CPP_TAKEN = {"run", "graphs", "load_weights", "load", "Package", "kVersion", "kTorchVersion"}
+CPP_KEYWORDS = set(
+    """alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t char32_t class compl
+    concept const consteval constexpr constinit const_cast continue co_await co_return co_yield decltype default delete
+    do double dynamic_cast else enum explicit export extern false float for friend goto if inline int long mutable
+    namespace new noexcept not not_eq nullptr operator or or_eq private protected public register reinterpret_cast
+    requires return short signed sizeof static static_assert static_cast struct switch template this thread_local throw
+    true try typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq std at c10
+    torch shimgen""".split()
+)
+
+
 def validate(spec: ProjectSpec) -> None:
     """Checks that span fields: names, dims, targets and the flags that await later work."""
     _validate_project(spec)
@@ -239,6 +253,15 @@ def validate(spec: ProjectSpec) -> None:
             raise SpecError("", f"{where}.name", f"'{graph.name}' is reserved (no leading underscore, not 'torch')")
         if graph.name in seen:
             raise SpecError("", f"{where}.name", f"graph name '{graph.name}' is used twice")
+        if spec.project.cpp and (
+            graph.name in CPP_KEYWORDS or graph.name in CPP_TAKEN or graph.name == spec.project.name
+        ):
+            raise SpecError(
+                "",
+                f"{where}.name",
+                f"'{graph.name}' is a C++ keyword or a member of the C++ package's class {spec.project.name}::Package; "
+                "rename the graph, or set project.cpp = false to build no C++ package",
+            )
         seen.add(graph.name)
         _validate_graph(graph, where)
     if not spec.target:
@@ -264,6 +287,13 @@ def _validate_project(spec: ProjectSpec) -> None:
             "",
             "project.name",
             f"'{project.name}' is a module of Python's standard library: the package could not be imported",
+        )
+    if project.cpp and project.name in CPP_KEYWORDS:
+        raise SpecError(
+            "",
+            "project.name",
+            f"'{project.name}' is a C++ keyword or a namespace C++ programs use, and it would name the C++ package's "
+            "namespace; rename the project, or set project.cpp = false to build no C++ package",
         )
     _length(project.version, "project.version", VERSION_LIMIT)
     try:

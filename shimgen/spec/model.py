@@ -55,6 +55,12 @@ class Project:
         "One line of printable text (no line breaks or control characters), used as the package docstring and wheel summary.",
         default="",
     )
+    cpp: bool = doc(
+        "Also build the C++ package: lib<name>.so with its header, CMake package and pkg-config file, installed under "
+        "the build's cpp/ directory and packed as dist/<name>-<version>-<target>-cpp.tar.gz. Graphs that call ops "
+        "defined in Python get none.",
+        default=True,
+    )
 
 
 @dataclass

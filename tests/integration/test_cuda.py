@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import build_json, edited, import_package, shimgen
+from cpp_program import cmake_built_program, read_tensors, run_graph
 
 from shimgen.spec import load_spec
 from shimgen.trace.entry import load_model, make_inputs
@@ -146,6 +147,26 @@ print("ok", gpu.__file__)
             p.with_name(p.name + ".hidden").rename(p)
     assert run.returncode == 0, run.stderr
     assert str(env_dir) in run.stdout
+
+
+def test_cpp_package_runs_cuda_and_cuda_graphs_and_dispatches_by_device(
+    built_gpu: dict[str, Any], built_graphs: dict[str, Any], workdir: Path, tmp_path: Path
+) -> None:
+    """A C++ program (examples/cpp, CMake) runs graph heads of the cpu+cuda package on either device's tensors and of
+    the cuda_graphs package on the GPU, as eager does."""
+    for summary, spec in ((built_gpu, "gpu.toml"), (built_graphs, "gpu_graphs.toml")):
+        program = cmake_built_program(Path(summary["cpp_prefix"]), summary["name"], "heads", tmp_path / summary["name"])
+        devices = ("cuda", "cpu") if summary is built_gpu else ("cuda",)
+        for device in devices:
+            model, (x, scale) = eager(workdir / "projects" / spec, 1, device, {"batch": 4})
+            done = run_graph(program, "heads", [x.cpu(), scale.cpu()], tmp_path, "--device", device, "--threads", "3")
+            assert done.returncode == 0, (summary["name"], device, done.stderr)
+            with torch.no_grad():
+                want = model(x, scale=scale)
+            got = read_tensors(tmp_path / "out.bin")
+            torch.testing.assert_close(
+                got, [want["logits"].cpu(), *(t.cpu() for t in want["stats"])], rtol=1e-4, atol=1e-4
+            )
 
 
 def test_bad_cuda_inputs(built_graphs: dict[str, Any]) -> None:

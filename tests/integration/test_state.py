@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import FAST_FLAGS, build_json, import_package, shimgen, with_flags
+from cpp_program import pkg_config_program, read_tensors, run_graph
 
 pytestmark = pytest.mark.slow
 
@@ -119,3 +120,17 @@ def test_docstring_and_check(built_counter: dict[str, Any], workdir: Path) -> No
     assert built_counter["verified"]["cases"], built_counter["verified"]
     result = shimgen("check", workdir / "projects" / "counter.toml", "--out", workdir)
     assert result.returncode == 0, result.stderr
+
+
+def test_cpp_package_keeps_the_state_across_calls_and_graphs(built_counter: dict[str, Any], tmp_path: Path) -> None:
+    """From C++: three calls of step, then peek over the same module, see every update, as in eager."""
+    program = pkg_config_program(Path(built_counter["cpp_prefix"]), "counter", tmp_path / "run_graph")
+    x = torch.randn(1, 8, generator=torch.Generator().manual_seed(2))
+    done = run_graph(program, "step", [x], tmp_path, "--repeat", "3", "--then", "peek")
+    assert done.returncode == 0, done.stderr
+    model = eager_counter()
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+        want = model(x)
+    torch.testing.assert_close(read_tensors(tmp_path / "out.bin"), [want], rtol=1e-5, atol=1e-5)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import build_json
+from cpp_program import pkg_config_program, read_tensors, run_graph, write_safetensors
 
 pytestmark = pytest.mark.slow
 
@@ -192,6 +193,40 @@ def test_load_weights_swaps_in_new_weights_and_names_what_does_not_fit(
     assert results["unknown"] == "WeightsError: head.weight: not weights of the compiled model"
     assert results["graph"]
     assert results["after_errors"] < 1e-5  # a refused load leaves the weights as they were
+
+
+def test_cpp_package_loads_a_state_dict_with_the_same_checks(
+    unfrozen: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The C++ package of the same build takes a safetensors state dict (load_weights(path)), checked as in Python."""
+    _, summary = unfrozen
+    program = pkg_config_program(Path(summary["cpp_prefix"]), "unfrozen", tmp_path / "run_graph")
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 64),
+        torch.nn.GELU(),
+        torch.nn.Linear(64, 64),
+        torch.nn.LayerNorm(64),
+        torch.nn.BatchNorm1d(64),
+    ).eval()
+    model.load_state_dict(weights(1))
+    write_safetensors(tmp_path / "new.safetensors", weights(1))
+    done = run_graph(program, "forward", [x], tmp_path, "--weights", str(tmp_path / "new.safetensors"))
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        torch.testing.assert_close(read_tensors(tmp_path / "out.bin"), [model(x)], rtol=1e-5, atol=1e-5)
+
+    for edit, message in (
+        (
+            {"2.weight": torch.zeros(64, 63)},
+            "weight '2.weight' is float32[64, 63], the compiled model's is float32[64, 64]",
+        ),
+        ({"3.bias": None}, "weight '3.bias' is missing"),
+    ):
+        state = {k: v for k, v in {**weights(1), **edit}.items() if v is not None}
+        write_safetensors(tmp_path / "bad.safetensors", state)
+        done = run_graph(program, "forward", [x], tmp_path, "--weights", str(tmp_path / "bad.safetensors"))
+        assert done.returncode == 3 and message in done.stderr, done.stderr
 
 
 def test_calls_in_flight_finish_on_the_weights_they_started_with(

@@ -1,5 +1,6 @@
 """shimgen's runtime library (shimgen/runtime) builds with warnings as errors, and its C++ unit tests pass: configured,
-built and run with Meson (`meson test`) against the installed torch, with the compiler the toolchain probe proves."""
+built and run with Meson (`meson test`) against the installed torch, with the compiler the toolchain probe proves. The C++
+package's tests load a stand-in for a compiled model that the same project builds (SHIMGEN_FAKE_MODEL)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,16 @@ def test_runtime_unit_tests_pass(built: tuple[Path, object]) -> None:
         "output_tree",
         "output_tree_failure",
         "cpp_face_errors",
+        "json",
+        "safetensors",
+        "safetensors_errors",
+        "weights_file",
+        "weights_by_name",
+        "torch_version",
+        "pick_unit",
+        "package_paths",
+        "package",
+        "package_errors",
     ):
         assert f"ok {name}" in log, log
 

@@ -1,0 +1,125 @@
+// Runs one graph of a shimgen C++ package on tensors read from a file and writes its outputs, with no Python.
+//
+//   run_graph <graph> <inputs.bin> <outputs.bin> [--device cuda] [--threads N] [--repeat N] [--then GRAPH]
+//             [--prefix DIR] [--weights FILE]
+//
+// --repeat N calls the graph N times in a row, --then GRAPH calls another graph on the same inputs after them: the
+// outputs written are those of the last call (a graph that updates state sees every earlier call's updates).
+//
+// A tensor file holds a count, then per tensor its dtype (c10::ScalarType's number), rank, sizes and contiguous bytes,
+// all integers int64 little-endian. Exit status: 0, 2 for an input the package refused (std::invalid_argument), 3 for
+// any other error (std::runtime_error), 4 where threads disagreed; the message goes to stderr.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include PACKAGE_HEADER
+
+namespace {
+
+int64_t read_int(std::istream& in) {
+  int64_t value = 0;
+  if (!in.read(reinterpret_cast<char*>(&value), sizeof value)) throw std::runtime_error("truncated tensor file");
+  return value;
+}
+
+std::vector<at::Tensor> read_tensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + path);
+  std::vector<at::Tensor> tensors(read_int(in));
+  for (at::Tensor& t : tensors) {
+    auto dtype = static_cast<c10::ScalarType>(read_int(in));
+    std::vector<int64_t> sizes(read_int(in));
+    for (int64_t& s : sizes) s = read_int(in);
+    t = at::empty(sizes, at::TensorOptions().dtype(dtype));
+    if (!in.read(static_cast<char*>(t.data_ptr()), t.nbytes())) throw std::runtime_error("truncated tensor file");
+  }
+  return tensors;
+}
+
+void write_tensors(const std::string& path, const std::vector<at::Tensor>& tensors) {
+  std::ofstream out(path, std::ios::binary);
+  auto write_int = [&](int64_t value) { out.write(reinterpret_cast<const char*>(&value), sizeof value); };
+  write_int(tensors.size());
+  for (const at::Tensor& output : tensors) {
+    at::Tensor t = output.cpu().contiguous();
+    write_int(static_cast<int64_t>(t.scalar_type()));
+    write_int(t.dim());
+    for (int64_t s : t.sizes()) write_int(s);
+    out.write(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::cerr << "usage: run_graph <graph> <inputs.bin> <outputs.bin> [--device cuda] [--threads N] [--prefix DIR] "
+                 "[--weights FILE]\n";
+    return 1;
+  }
+  std::string graph = argv[1], prefix, weights, device = "cpu", then;
+  int threads = 1, repeat = 1;
+  for (int i = 4; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--threads")) threads = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--prefix")) prefix = argv[i + 1];
+    if (!std::strcmp(argv[i], "--weights")) weights = argv[i + 1];
+    if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
+    if (!std::strcmp(argv[i], "--repeat")) repeat = std::stoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--then")) then = argv[i + 1];
+  }
+  try {
+    PACKAGE::Package package = PACKAGE::load(prefix);
+    if (!weights.empty()) package.load_weights(weights);
+    std::vector<at::Tensor> inputs = read_tensors(argv[2]);
+    for (at::Tensor& t : inputs) t = t.to(at::Device(device));
+#ifdef GRAPH_METHOD  // the graph's own method, where the build names one
+#define STRINGIFY(x) #x
+#define NAME_OF(x) STRINGIFY(x)
+    std::vector<at::Tensor> outputs =
+        graph == NAME_OF(GRAPH_METHOD) ? package.GRAPH_METHOD(inputs) : package.run(graph, inputs);
+#else
+    std::vector<at::Tensor> outputs = package.run(graph, inputs);
+#endif
+    for (int k = 1; k < repeat; ++k) outputs = package.run(graph, inputs);
+    if (!then.empty()) outputs = package.run(then, inputs);
+    // The same package from several threads at once: every thread's outputs equal the first call's.
+    std::vector<std::thread> pool;
+    std::vector<int> agree(threads, 1);
+    for (int k = 1; k < threads; ++k) {
+      pool.emplace_back([&, k] {
+        try {
+          for (int repeat = 0; repeat < 20; ++repeat) {
+            std::vector<at::Tensor> again = package.run(graph, inputs);
+            for (size_t j = 0; j < again.size(); ++j) agree[k] &= again[j].equal(outputs[j]);
+          }
+        } catch (const std::exception& e) {
+          std::cerr << "thread " << k << ": " << e.what() << "\n";
+          agree[k] = 0;
+        }
+      });
+    }
+    for (std::thread& t : pool) t.join();
+    write_tensors(argv[3], outputs);
+    for (int ok : agree) {
+      if (!ok) {
+        std::cerr << "threads disagree\n";
+        return 4;
+      }
+    }
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "invalid_argument: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "runtime_error: " << e.what() << "\n";
+    return 3;
+  }
+  return 0;
+}

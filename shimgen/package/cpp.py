@@ -1,0 +1,120 @@
+"""Package stage, C++ side: the C++ package (lib<name>.so with its header, CMake package and pkg-config file, each
+graph's model libraries and weights) installed under the build's cpp/ prefix and packed as
+dist/<name>-<version>-<target>-cpp.tar.gz.
+
+Meson installs what only the C++ package has (install tag 'cpp'); what it shares with the Python package (variant
+libraries, custom-op libraries, weights files) is copied from the verified Python package, as its manifest names it.
+The prefix and the archive are replaced only once lib<name>.so has loaded the package in a fresh process.
+
+The archive is reproducible: members sorted, SOURCE_DATE_EPOCH's time, owner root, modes 0755 or 0644, and a gzip
+header with neither time nor file name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import shutil
+import tarfile
+import tempfile
+from pathlib import Path
+
+from shimgen.build import meson
+from shimgen.build.process import run
+from shimgen.errors import BuildError
+from shimgen.files import replace_dir
+from shimgen.project.render import BUILD_MANIFEST
+from shimgen.results import CppPackageResult
+from shimgen.toolchain import Toolchain
+
+# Loads the package with lib<name>.so alone (it finds torch by its RUNPATH): no torch imported, no Python face.
+_CHECK = (
+    "import ctypes, sys; lib = ctypes.CDLL(sys.argv[1], mode=ctypes.RTLD_GLOBAL); "
+    "check = lib.shimgen_check_package; check.restype = ctypes.c_char_p; error = check(sys.argv[2].encode()); "
+    "sys.exit(error.decode() if error else 0)"
+)
+
+
+def archive_name(name: str, version: str, target: str) -> str:
+    return f"{name}-{version}-{target}-cpp"
+
+
+def build(
+    build_dir: Path, site: Path, dist: Path, prefix: Path, name: str, archive: str, tc: Toolchain, key: str
+) -> CppPackageResult:
+    """The C++ package of the project compiled in `build_dir` whose Python package is unpacked in `site`."""
+    staging = prefix.with_name(prefix.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=prefix.parent) as tmp:
+        meson.install_tagged(build_dir, "cpp", Path(tmp), tc).replace(staging)
+    private = staging / "lib" / name
+    for shared in shared_files(json.loads((site / name / BUILD_MANIFEST).read_text())):
+        (private / shared).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(site / name / shared, private / shared)
+    dist.mkdir(parents=True, exist_ok=True)
+    tarball = dist / f".{archive}.tar.gz.new"
+    tarball.write_bytes(pack(staging, archive, meson.source_date_epoch()))
+    return _install(staging, tarball, dist / f"{archive}.tar.gz", prefix, name, tc, key)
+
+
+def install(
+    data: bytes, dist: Path, prefix: Path, name: str, archive: str, tc: Toolchain, key: str
+) -> CppPackageResult:
+    """The C++ package from its archive's bytes (the shared cache's), unpacked into `prefix`."""
+    staging = prefix.with_name(prefix.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=prefix.parent) as tmp:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            tar.extractall(tmp, filter="data")
+        (Path(tmp) / archive).replace(staging)
+    dist.mkdir(parents=True, exist_ok=True)
+    tarball = dist / f".{archive}.tar.gz.new"
+    tarball.write_bytes(data)
+    return _install(staging, tarball, dist / f"{archive}.tar.gz", prefix, name, tc, key)
+
+
+def shared_files(manifest: dict[str, object]) -> list[str]:
+    """The files of the Python package the C++ package holds too, relative to the package directory."""
+    units = manifest["units"]
+    assert isinstance(units, list)
+    files = [u["weights_file"] for u in units if u.get("weights_file")]
+    files += [v["library"] for u in units for v in u.get("variants", ())]
+    libraries = manifest.get("op_libraries", [])
+    assert isinstance(libraries, list)
+    return files + [f"ops/{lib['file']}" for lib in libraries]
+
+
+def pack(root: Path, top: str, epoch: int) -> bytes:
+    """A .tar.gz of `root`'s tree under the directory `top`, the same bytes for the same files."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in [root, *sorted(root.rglob("*"))]:
+            info = tarfile.TarInfo(top if path == root else f"{top}/{path.relative_to(root).as_posix()}")
+            info.mtime, info.uid, info.gid, info.uname, info.gname = epoch, 0, 0, "root", "root"
+            if path.is_dir():
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            else:
+                data = path.read_bytes()
+                info.size, info.mode = len(data), 0o755 if path.suffix == ".so" else 0o644
+                tar.addfile(info, io.BytesIO(data))
+    out = io.BytesIO()
+    # Level 1: weights hardly shrink, and a higher level only takes longer over them.
+    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=1) as gz:
+        gz.write(raw.getvalue())
+    return out.getvalue()
+
+
+def _install(
+    staging: Path, tarball: Path, final: Path, prefix: Path, name: str, tc: Toolchain, key: str
+) -> CppPackageResult:
+    checked = run([tc.python, "-c", _CHECK, str(staging / "lib" / f"lib{name}.so"), str(staging)])
+    if not checked.ok:
+        shutil.rmtree(staging, ignore_errors=True)
+        tarball.unlink(missing_ok=True)
+        crash = f"crashed with signal {checked.signal}" if checked.signal else checked.tail(3)
+        raise BuildError(f"the built C++ package '{name}' does not load; the previous one is left in place: {crash}")
+    tarball.replace(final)
+    replace_dir(staging, prefix)
+    return CppPackageResult(key=key, prefix=prefix, archive=final)
