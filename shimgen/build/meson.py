@@ -219,10 +219,17 @@ def first_error(log: str, build_dir: Path) -> tuple[str, str]:
     failed = next((i for i, line in enumerate(lines) if line.startswith("FAILED:")), None)
     unit = ""
     if failed is not None:
+        target = lines[failed][len("FAILED:") :].strip()
         sources = re.findall(r"(\S+\.(?:cpp|cc|cxx|c))\b", " ".join(lines[failed : failed + 2]))
-        unit = sources[-1] if sources else lines[failed][len("FAILED:") :].strip()
+        # A link names its library, not the last of its objects' sources.
+        unit = sources[-1] if sources and target.endswith(".o") else target
     first = next(
-        (i for i, line in enumerate(lines) if re.search(r"\berror\b", line) and not line.startswith("FAILED:")), None
+        (
+            i
+            for i, line in enumerate(lines)
+            if re.search(r"\berror\b|undefined reference|multiple definition", line) and not line.startswith("FAILED:")
+        ),
+        None,
     )
     where = os.path.relpath((build_dir / unit).resolve()) if unit else ""
     if first is None:
