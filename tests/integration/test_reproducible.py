@@ -112,3 +112,9 @@ def test_same_wheel_from_any_output_directory_and_user(workdir: Path, tmp_path: 
     build_paths = [str(tmp_path), str(REPO), str(Path(torch.__file__).parent)]
     leaks = [f"{name}: {path}" for name, (_, data) in members.items() for path in build_paths if path.encode() in data]
     assert not leaks, leaks
+
+    # The C++ package's archive too: the same bytes from either build (it names the torch it was built against, the
+    # same here, in lib<name>.so's RUNPATH and its CMake and pkg-config files, and no path of either build).
+    archives = [next((out / "dist").glob("*-cpp.tar.gz")) for out in outs]
+    assert archives[0].read_bytes() == archives[1].read_bytes()
+    assert not any(str(out).encode() in archives[0].read_bytes() for out in outs)
