@@ -66,7 +66,10 @@ def install(
     shutil.rmtree(staging, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=prefix.parent) as tmp:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(tmp, filter="data")
+            if hasattr(tarfile, "data_filter"):  # no links out, no devices (Python 3.10.12+, 3.11.4+)
+                tar.extractall(tmp, filter="data")
+            else:
+                tar.extractall(tmp)
         (Path(tmp) / archive).replace(staging)
     dist.mkdir(parents=True, exist_ok=True)
     tarball = dist / f".{archive}.tar.gz.new"
