@@ -418,6 +418,7 @@ def _cpp_context(
         )
     return {
         "cuda": gpu is not None,
+        "device": device,  # whose compile flags (ISA) and runtime library it takes
         "runtime_core": str(prebuilt[device].runtime_libs[-1]),  # link order: the CPython face, then the core
         "graphs": graph_docs,
         "units": [

@@ -88,7 +88,7 @@ bool typed(const Constant& c) {
   int64_t expected = 1, numel = 1;
   bool contiguous = true;
   for (size_t d = c.shape.size(); d-- > 0;) {
-    contiguous = contiguous && (c.shape[d] == 1 || c.stride[d] == expected);
+    contiguous = contiguous && c.stride[d] == expected;  // exactly as weights.py's Constant.typed: size-1 dims too
     expected *= std::max<int64_t>(c.shape[d], 1);
     numel *= c.shape[d];
   }

@@ -120,15 +120,15 @@ def test_a_second_machine_builds_from_the_shared_cache(
     first_machine: tuple[Path, dict[str, Any]], redis_url: str, tmp_path: Path
 ) -> None:
     """The first machine built one identifier and filled the cache; a second one (empty HOME: no per-user caches,
-    another checkout and output directory) finds trace, code and wheel there, compiles nothing, proves no compiler,
-    and gets a byte-identical wheel that imports and computes what the first one's does."""
+    another checkout and output directory) finds trace, code, wheel and C++ package there, compiles nothing, proves no
+    compiler, and gets a byte-identical wheel that imports and computes what the first one's does."""
     import torch
 
     first = first_machine[1]
     assert first["wheel"].endswith(
         f"+torch{torch.__version__.split('+')[0]}.cpu.native-" + Path(first["wheel"]).name.split("-", 2)[2]
     )
-    assert {"trace", "codegen", "wheel"} <= set(first["shared_cache"]["stored"])
+    assert {"trace", "codegen", "wheel", "cpp"} <= set(first["shared_cache"]["stored"])
     spec = _copy_projects(tmp_path / "two" / "deeper")
     home = tmp_path / "home"
     home.mkdir()
@@ -138,10 +138,13 @@ def test_a_second_machine_builds_from_the_shared_cache(
         *ONLY,
         env={"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), shared_cache.ENV: redis_url},
     )
-    assert second["shared_cache"]["found"] == ["trace", "codegen", "wheel"]
+    assert second["shared_cache"]["found"] == ["trace", "codegen", "wheel", "cpp"]
     assert not {"trace", "codegen", "toolchain", "prebuilt", "compile"} & set(second["stages"])
     assert not (home / ".cache" / "shimgen").exists()
     assert _sha256(second["wheel"]) == _sha256(first["wheel"])
+    # The C++ package came with it: the same archive, unpacked and loaded before the build reported it.
+    assert _sha256(second["cpp_archive"]) == _sha256(first["cpp_archive"])
+    assert Path(second["cpp_prefix"], "lib", "libmlp.so").is_file()
     x = torch.randn(3, 32)
     assert torch.equal(import_package(second).forward(x), _call_first(first, x, tmp_path))
 
