@@ -36,7 +36,6 @@ import platform
 import re
 import shlex
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,9 @@ from common import (
     show_time,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "cpp"))
+from tensor_file import read_tensors, write_tensors  # noqa: E402
+
 SHIMGEN_CPP, AOTI_LOADER, SHIMGEN_PY, FLOOR = (
     "shimgen C++",
     "AOTI loader (freezing)",
@@ -71,36 +73,8 @@ SHIMGEN_CPP, AOTI_LOADER, SHIMGEN_PY, FLOOR = (
 ORDER = [SHIMGEN_CPP, AOTI_LOADER, SHIMGEN_PY, FLOOR]
 CASES = ("mlp", "resnet")
 SOURCES = REPO / "benchmarks" / "cpp"
+EXAMPLE = REPO / "examples" / "cpp"  # tensor_file.h and tensor_file.py: the tensor files
 # c10::ScalarType's numbers (the tensor files of benchmarks/cpp/bench_common.h).
-SCALAR_TYPES = {torch.uint8: 0, torch.int32: 3, torch.int64: 4, torch.float16: 5, torch.float32: 6, torch.float64: 7}
-DTYPES = {code: dtype for dtype, code in SCALAR_TYPES.items()}
-
-
-def write_tensors(path: Path, tensors: list[torch.Tensor]) -> None:
-    parts = [struct.pack("<q", len(tensors))]
-    for t in tensors:
-        t = t.detach().cpu().contiguous()
-        parts.append(struct.pack(f"<{2 + t.dim()}q", SCALAR_TYPES[t.dtype], t.dim(), *t.shape))
-        parts.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    path.write_bytes(b"".join(parts))
-
-
-def read_tensors(path: Path) -> list[torch.Tensor]:
-    data, offset = path.read_bytes(), 8
-    tensors = []
-    for _ in range(struct.unpack_from("<q", data)[0]):
-        code, rank = struct.unpack_from("<2q", data, offset)
-        shape = struct.unpack_from(f"<{rank}q", data, offset + 16)
-        offset += 16 + 8 * rank
-        t = torch.empty(shape, dtype=DTYPES[code])
-        nbytes = t.numel() * t.element_size()
-        if nbytes:
-            t.view(-1).view(torch.uint8)[:] = torch.frombuffer(
-                bytearray(data[offset : offset + nbytes]), dtype=torch.uint8
-            )
-        offset += nbytes
-        tensors.append(t)
-    return tensors
 
 
 # --- building the contenders ----------------------------------------------------------------------
@@ -109,7 +83,11 @@ def read_tensors(path: Path) -> list[torch.Tensor]:
 def compile_program(cmd: list[str], binary: Path, source: str) -> None:
     """Runs the compiler command unless `binary` was made by this very command after its sources last changed."""
     stamp = binary.with_suffix(".cmd")
-    newest = max((SOURCES / source).stat().st_mtime, (SOURCES / "bench_common.h").stat().st_mtime)
+    newest = max(
+        (SOURCES / source).stat().st_mtime,
+        (SOURCES / "bench_common.h").stat().st_mtime,
+        (EXAMPLE / "tensor_file.h").stat().st_mtime,
+    )
     if (
         binary.is_file()
         and stamp.is_file()
@@ -148,6 +126,7 @@ def shimgen_program(summary: dict[str, Any], graph: str, bin_dir: Path) -> Path:
             f"-DPACKAGE_HEADER=<{name}/{name}.h>",
             f"-DGRAPH_METHOD={graph}",
             f"-I{SOURCES}",
+            f"-I{EXAMPLE}",
             str(SOURCES / "shimgen_bench.cpp"),
             "-o",
             str(binary),
@@ -174,6 +153,7 @@ def torch_program(source: str, bin_dir: Path, cuda: bool) -> Path:
             "-O2",
             "-std=c++17",
             f"-I{SOURCES}",
+            f"-I{EXAMPLE}",
             *[f"-I{d}" for d in cpp_extension.include_paths()],
             str(SOURCES / source),
             "-o",

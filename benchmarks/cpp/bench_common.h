@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "tensor_file.h"
+
 namespace bench {
 
 struct Options {
@@ -61,41 +63,16 @@ inline int64_t now_ns() {
       .count();
 }
 
-inline int64_t read_int(std::istream& in) {
-  int64_t value = 0;
-  if (!in.read(reinterpret_cast<char*>(&value), sizeof value)) throw std::runtime_error("truncated tensor file");
-  return value;
-}
-
-// The file's tensors, on `device`.
+// The file's tensors (tensor_file.h, beside examples/cpp/run_graph.cpp), on `device`.
 inline std::vector<at::Tensor> read_tensors(const std::string& path, const std::string& device) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::vector<at::Tensor> tensors(read_int(in));
-  for (at::Tensor& t : tensors) {
-    auto dtype = static_cast<c10::ScalarType>(read_int(in));
-    std::vector<int64_t> sizes(read_int(in));
-    for (int64_t& s : sizes) s = read_int(in);
-    t = at::empty(sizes, at::TensorOptions().dtype(dtype));
-    if (!in.read(static_cast<char*>(t.data_ptr()), t.nbytes())) throw std::runtime_error("truncated tensor file");
-    if (device != "cpu") t = t.to(at::Device(device));
+  std::vector<at::Tensor> tensors = tensor_file::read_tensors(path);
+  if (device != "cpu") {
+    for (at::Tensor& t : tensors) t = t.to(at::Device(device));
   }
   return tensors;
 }
 
-inline void write_tensors(const std::string& path, const std::vector<at::Tensor>& tensors) {
-  std::ofstream out(path, std::ios::binary);
-  auto write_int = [&](int64_t value) { out.write(reinterpret_cast<const char*>(&value), sizeof value); };
-  write_int(tensors.size());
-  for (const at::Tensor& output : tensors) {
-    at::Tensor t = output.cpu().contiguous();
-    write_int(static_cast<int64_t>(t.scalar_type()));
-    write_int(t.dim());
-    for (int64_t s : t.sizes()) write_int(s);
-    out.write(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  }
-  if (!out) throw std::runtime_error("cannot write " + path);
-}
+using tensor_file::write_tensors;
 
 // Waits for the device's work on `outputs` to finish: a copy to the host of one element (nothing on the CPU).
 inline void ready(const std::vector<at::Tensor>& outputs) {

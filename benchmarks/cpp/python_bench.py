@@ -8,53 +8,15 @@ first_result_ns; load_ns and loaded_ns around the package's import), then per-ca
 """
 
 import statistics
-import struct
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.utils._pytree as pytree
 
-# c10::ScalarType's numbers.
-DTYPES = {
-    0: torch.uint8,
-    3: torch.int32,
-    4: torch.int64,
-    5: torch.float16,
-    6: torch.float32,
-    7: torch.float64,
-    11: torch.bool,
-}
-CODES = {dtype: code for code, dtype in DTYPES.items()}
-
-
-def read_tensors(path, device):
-    with open(path, "rb") as f:
-        data = f.read()
-    offset, tensors = 8, []
-    for _ in range(struct.unpack_from("<q", data)[0]):
-        code, rank = struct.unpack_from("<2q", data, offset)
-        shape = struct.unpack_from(f"<{rank}q", data, offset + 16)
-        offset += 16 + 8 * rank
-        t = torch.empty(shape, dtype=DTYPES[code])
-        nbytes = t.numel() * t.element_size()
-        if nbytes:
-            t.view(-1).view(torch.uint8)[:] = torch.frombuffer(
-                bytearray(data[offset : offset + nbytes]), dtype=torch.uint8
-            )
-        offset += nbytes
-        tensors.append(t.to(device))
-    return tensors
-
-
-def write_tensors(path, tensors):
-    parts = [struct.pack("<q", len(tensors))]
-    for t in tensors:
-        t = t.detach().cpu().contiguous()
-        parts.append(struct.pack(f"<{2 + t.dim()}q", CODES[t.dtype], t.dim(), *t.shape))
-        parts.append(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-    with open(path, "wb") as f:
-        f.write(b"".join(parts))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "cpp"))
+from tensor_file import read_tensors, write_tensors  # noqa: E402
 
 
 def flat(output):
@@ -78,7 +40,7 @@ def main():
         opts[rest[i]] = rest[i + 1]
     torch.set_num_threads(int(opts["--threads"]))
     torch.set_grad_enabled(False)
-    inputs = read_tensors(inputs_path, opts["--device"])
+    inputs = [t.to(opts["--device"]) for t in read_tensors(inputs_path)]
     sys.path.insert(0, package_dir)
     load_ns = time.monotonic_ns()
     package = __import__(name)

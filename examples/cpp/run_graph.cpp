@@ -6,8 +6,7 @@
 // --repeat N calls the graph N times in a row, --then GRAPH calls another graph on the same inputs after them: the
 // outputs written are those of the last call (a graph that updates state sees every earlier call's updates).
 //
-// A tensor file holds a count, then per tensor its dtype (c10::ScalarType's number), rank, sizes and contiguous bytes,
-// all integers int64 little-endian. Exit status: 0, 2 for an input the package refused (std::invalid_argument), 3 for
+// Tensor files: tensor_file.h. Exit status: 0, 2 for an input the package refused (std::invalid_argument), 3 for
 // any other error (std::runtime_error), 4 where threads disagreed; the message goes to stderr.
 #include <ATen/ATen.h>
 
@@ -21,43 +20,11 @@
 #include <vector>
 
 #include PACKAGE_HEADER
+#include "tensor_file.h"
 
-namespace {
+using tensor_file::read_tensors;
+using tensor_file::write_tensors;
 
-int64_t read_int(std::istream& in) {
-  int64_t value = 0;
-  if (!in.read(reinterpret_cast<char*>(&value), sizeof value)) throw std::runtime_error("truncated tensor file");
-  return value;
-}
-
-std::vector<at::Tensor> read_tensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + path);
-  std::vector<at::Tensor> tensors(read_int(in));
-  for (at::Tensor& t : tensors) {
-    auto dtype = static_cast<c10::ScalarType>(read_int(in));
-    std::vector<int64_t> sizes(read_int(in));
-    for (int64_t& s : sizes) s = read_int(in);
-    t = at::empty(sizes, at::TensorOptions().dtype(dtype));
-    if (!in.read(static_cast<char*>(t.data_ptr()), t.nbytes())) throw std::runtime_error("truncated tensor file");
-  }
-  return tensors;
-}
-
-void write_tensors(const std::string& path, const std::vector<at::Tensor>& tensors) {
-  std::ofstream out(path, std::ios::binary);
-  auto write_int = [&](int64_t value) { out.write(reinterpret_cast<const char*>(&value), sizeof value); };
-  write_int(tensors.size());
-  for (const at::Tensor& output : tensors) {
-    at::Tensor t = output.cpu().contiguous();
-    write_int(static_cast<int64_t>(t.scalar_type()));
-    write_int(t.dim());
-    for (int64_t s : t.sizes()) write_int(s);
-    out.write(static_cast<const char*>(t.data_ptr()), t.nbytes());
-  }
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 4) {

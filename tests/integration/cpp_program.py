@@ -15,34 +15,10 @@ from typing import Any
 import torch
 from conftest import REPO
 
+sys.path.insert(0, str(REPO / "examples" / "cpp"))
+from tensor_file import read_tensors, write_tensors  # noqa: E402, F401 (the tests take them from here)
+
 from shimgen import toolchain
-
-# c10::ScalarType's numbers of the dtypes these tests pass.
-SCALAR_TYPES = {torch.uint8: 0, torch.int32: 3, torch.int64: 4, torch.float16: 5, torch.float32: 6, torch.float64: 7}
-DTYPES = {code: dtype for dtype, code in SCALAR_TYPES.items()}
-
-
-def write_tensors(path: Path, tensors: list[torch.Tensor]) -> None:
-    parts = [struct.pack("<q", len(tensors))]
-    for t in tensors:
-        parts.append(struct.pack(f"<{2 + t.dim()}q", SCALAR_TYPES[t.dtype], t.dim(), *t.shape))
-        parts.append(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    path.write_bytes(b"".join(parts))
-
-
-def read_tensors(path: Path) -> list[torch.Tensor]:
-    data, offset = path.read_bytes(), 8
-    tensors = []
-    for _ in range(struct.unpack_from("<q", data)[0]):
-        code, rank = struct.unpack_from("<2q", data, offset)
-        shape = struct.unpack_from(f"<{rank}q", data, offset + 16)
-        offset += 16 + 8 * rank
-        t = torch.empty(shape, dtype=DTYPES[code])
-        nbytes = t.numel() * t.element_size()
-        t.view(-1).view(torch.uint8)[:] = torch.frombuffer(bytearray(data[offset : offset + nbytes]), dtype=torch.uint8)
-        offset += nbytes
-        tensors.append(t)
-    return tensors
 
 
 def tool(name: str) -> str:

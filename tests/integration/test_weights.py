@@ -33,15 +33,20 @@ def mlp(checkpoint="weights.pt"):
 """
 
 
-def weights(seed: int) -> dict[str, torch.Tensor]:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
+def layers() -> torch.nn.Sequential:
+    """The model of MODEL, without its checkpoint."""
+    return torch.nn.Sequential(
         torch.nn.Linear(64, 64),
         torch.nn.GELU(),
         torch.nn.Linear(64, 64),
         torch.nn.LayerNorm(64),
         torch.nn.BatchNorm1d(64),
     )
+
+
+def weights(seed: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = layers()
     with torch.no_grad():
         model[3].weight.uniform_(0.5, 1.5)  # not the defaults: a forgotten buffer or parameter shows
         model[3].bias.uniform_(-0.5, 0.5)
@@ -202,13 +207,7 @@ def test_cpp_package_loads_a_state_dict_with_the_same_checks(
     _, summary = unfrozen
     program = pkg_config_program(Path(summary["cpp_prefix"]), "unfrozen", tmp_path / "run_graph")
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3))
-    model = torch.nn.Sequential(
-        torch.nn.Linear(64, 64),
-        torch.nn.GELU(),
-        torch.nn.Linear(64, 64),
-        torch.nn.LayerNorm(64),
-        torch.nn.BatchNorm1d(64),
-    ).eval()
+    model = layers().eval()
     model.load_state_dict(weights(1))
     write_safetensors(tmp_path / "new.safetensors", weights(1))
     done = run_graph(program, "forward", [x], tmp_path, "--weights", str(tmp_path / "new.safetensors"))
