@@ -81,6 +81,7 @@ class BuildOutput:
     skipped: list[str] = field(default_factory=list)
     compiler_cache: str | None = None
     kernel_choices: dict[str, tuple[KernelChoice, ...]] = field(default_factory=dict)  # by unit
+    untimed_gemms: dict[str, tuple[tuple[tuple[str, ...], int], ...]] = field(default_factory=dict)  # by unit
     identifiers: list[str] = field(default_factory=list)  # the matrix's build identifiers this package covers
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
@@ -107,7 +108,12 @@ class BuildOutput:
             "slowest_units": [{"unit": u, "seconds": s} for u, s in self.slowest_units],
             "skipped": self.skipped,
             "compiler_cache": self.compiler_cache,
+            "build_server": os.getppid() if os.environ.get("SHIMGEN_SERVER_CHILD") else None,
             "kernel_choices": to_json(self.kernel_choices),
+            "untimed_gemms": {
+                unit: [{"sizes": list(sizes), "count": n} for sizes, n in gemms]
+                for unit, gemms in self.untimed_gemms.items()
+            },
             "identifiers": self.identifiers,
             "shared_cache": self.shared_cache,
             "timeline": [
@@ -435,6 +441,7 @@ def _build(
         skipped=timeline.skipped,
         compiler_cache=tools.probed.launcher if tools.probed else None,
         kernel_choices={name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
+        untimed_gemms={name: code.untimed_gemms for u in units for name, code in u.generated if code.untimed_gemms},
         identifiers=[
             matrix.BuildId(
                 python=tc.python_version,
@@ -696,7 +703,12 @@ def _run(
         job.timeline.report(stage, f"{', '.join(name for name, _ in tasks)} in {processes} worker processes ...")
     for name, _ in tasks:
         job.timeline.report(stage, f"{name} ...")
-    workers.run_all(tasks, work, processes, job.ops, done)
+    # In a build server's child (shimgen/commands/server.py) torch is imported already: workers forked from it skip
+    # the import, where nothing has asked the CUDA driver (torch refuses CUDA in a child forked after that).
+    warm = bool(os.environ.get("SHIMGEN_SERVER_CHILD")) and not any(
+        devices.device(t.device).gpu for t in job.spec.target
+    )
+    workers.run_all(tasks, work, processes, job.ops, done, fork=warm)
 
 
 def _cached(
@@ -881,7 +893,6 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult, units:
             layout.site,
             job.spec.project.name,
             tools.tc,
-            tools.launcher,
             key,
             _module_dirs(job),
             _verify_plan(job, units),

@@ -122,6 +122,8 @@ class CodegenResult:
     out_nodes: tuple[OutNode, ...]
     num_outputs: int
     kernel_choices: tuple[KernelChoice, ...] = ()
+    # GEMMs given the library kernel without timing (kernel_choice.CPU_LIBRARY_ROWS): (input sizes, count)
+    untimed_gemms: tuple[tuple[tuple[str, ...], int], ...] = ()
     extern_nodes: Path | None = (
         None  # Inductor's description of the ops it leaves to run time (its <hash>.wrapper.json)
     )

@@ -28,6 +28,9 @@ def _import_torchvision_anywhere() -> None:
 _import_torchvision_anywhere()
 
 
+# `shimgen build` runs in the user's build server, as a user's does; the servers a session starts stop soon after it.
+os.environ.setdefault("SHIMGEN_SERVER_IDLE", "30")
+
 # The installed console script when there is one (CI installs shimgen), else the source tree.
 SCRIPT = Path(sys.executable).with_name("shimgen")
 COMMAND = [str(SCRIPT)] if SCRIPT.is_file() else [sys.executable, "-m", "shimgen"]
@@ -58,8 +61,7 @@ FAST_SPECS = (
     "py_ops.toml",
     "aoti_shapes.toml",
 )
-# vision.toml keeps gemm_autotune: timing its batched matmuls' candidates is what once left a package failing every
-# call.
+# vision.toml keeps gemm_autotune, shimgen's default (its batched matmuls have too many rows to be timed).
 O1_SPECS = ("vision.toml",)
 
 

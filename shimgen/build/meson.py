@@ -1,13 +1,13 @@
-"""The one layer that runs Meson, ninja and meson-python, for generated projects, the toolchain
-probe and the per-user prebuilt library alike.
+"""The one layer that runs Meson and ninja, for generated projects, the toolchain probe and the per-user prebuilt
+library alike, and reads what Meson says it built and installs.
 
-Every build directory is configured exactly as meson-python configures one (same arguments, same
-native file), so meson-python's wheel step reuses the compile stage's build directory and finds
-nothing left to compile. Every failure reads the same way: the step, the failing translation unit
-and the compiler's first error; the whole log stays on disk under the build directory.
+Every build directory is configured exactly as meson-python configures one (same arguments, same native file), so
+that `pip wheel` of a generated project reuses it and finds nothing left to compile. Every failure reads the same
+way: the step, the failing translation unit and the compiler's first error; the whole log stays on disk under the
+build directory.
 
-Every step runs with SOURCE_DATE_EPOCH set (the user's, else a constant), so that no date of the build
-reaches its outputs: the compiler's __DATE__ and __TIME__, meson-python's wheel timestamps.
+Every step runs with SOURCE_DATE_EPOCH set (the user's, else a constant), so that no date of the build reaches its
+outputs: the compiler's __DATE__ and __TIME__.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from shimgen.build.process import Completed, run
 from shimgen.errors import BuildError, UserError
@@ -28,9 +29,6 @@ from shimgen.toolchain import Toolchain
 NATIVE_FILE = "meson-python-native-file.ini"
 NINJA_STATUS = "[shimgen %f/%t] "
 _STATUS = re.compile(r"^\[shimgen (\d+)/(\d+)\] (.*)$")
-_BUILD_WHEEL = (
-    "import sys, mesonpy; print('shimgen-wheel:', mesonpy.build_wheel(sys.argv[1], {'build-dir': sys.argv[2]}))"
-)
 ZIP_EPOCH = 315532800  # 1980-01-01 00:00 UTC, the earliest time a zip member can hold
 
 
@@ -109,22 +107,9 @@ def _ninja(
     )
 
 
-def build_wheel(source: Path, build_dir: Path, out: Path, tc: Toolchain, launcher: str | None) -> Path:
-    """meson-python, without build isolation, reusing the compile stage's build directory."""
-    wheel = run(
-        [tc.python, "-c", _BUILD_WHEEL, str(out), str(build_dir)],
-        cwd=source,
-        env=_env(tc, launcher),
-        log=_log(build_dir, "wheel"),
-    )
-    if not wheel.ok:
-        raise BuildFailure("the package", "meson-python", wheel, wheel.tail(20))
-    return (
-        out
-        / next(line for line in reversed(wheel.output.splitlines()) if line.startswith("shimgen-wheel: "))[
-            len("shimgen-wheel: ") :
-        ]
-    )
+def install_plan(build_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """Meson's install plan for `build_dir`: {category: {file: {"destination": "{py_platlib}/...", "tag": ...}}}."""
+    return json.loads((build_dir / "meson-info" / "intro-install_plan.json").read_text())
 
 
 def install_tagged(build_dir: Path, tag: str, destdir: Path, tc: Toolchain) -> Path:

@@ -1,18 +1,19 @@
 """Trace and codegen of independent units (graph x target) in worker processes, bounded by cores and memory.
 
-Each task runs in a fresh process (spawned, so no thread of the build process is forked), which also gives each
-codegen its own Inductor state: Inductor registers its oneDNN passes once per process, as the first CPU freezing
-finds oneDNN on or off. A build with one unit to generate, or with custom ops (loaded into the build process),
-runs it in the build process instead.
+Each task runs in a fresh process (spawned, so no thread of the build process is forked; or, in a build server's
+child, which has imported torch and run nothing, forked), which also gives each codegen its own Inductor state:
+Inductor registers its oneDNN passes once per process, as the first CPU freezing finds oneDNN on or off. A build with
+one unit to generate, or with custom ops (loaded into the build process), runs it in the build process instead.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,9 +90,11 @@ def run_all(
     workers: int,
     ops: CustomOps | None,
     done: Callable[[str, Any, float, float], None],
+    fork: bool = False,
 ) -> None:
     """Run `work` on each (name, task), in `workers` processes or here (0); `done(name, result, start, end)` in this
-    process as each finishes, times from time.time(). Once every task has ended, the errors are raised in the tasks'
+    process as each finishes, times from time.time(). The processes are forked from this one with `fork` (a build
+    server's child, whose torch is imported and unused), else spawned. Once every task has ended, the errors are raised in the tasks'
     order, whichever finished first: the spec errors all together (SpecErrors where there are several), else the
     first."""
     errors: dict[int, BaseException] = {}
@@ -104,6 +107,12 @@ def run_all(
                 errors[k] = exc
                 continue
             done(name, result, start, time.time())
+    elif fork:
+        for k, outcome in _forked(tasks, work, workers):
+            if isinstance(outcome, BaseException):
+                errors[k] = outcome
+            else:
+                done(tasks[k][0], *outcome)
     else:
         context = multiprocessing.get_context("spawn")
         if sys.version_info >= (3, 11):
@@ -123,6 +132,42 @@ def run_all(
                     continue
                 done(tasks[k][0], result, start, end)
     _raise_in_order([errors[k] for k in sorted(errors)])
+
+
+def _forked(
+    tasks: list[tuple[str, T]], work: Callable[[T], Any], workers: int
+) -> Iterator[tuple[int, tuple[Any, float, float] | BaseException]]:
+    """(task index, (result, start, end) or the exception it raised) as each task ends, each in a process of its own
+    forked from this one (ProcessPoolExecutor reuses its processes when forking), `workers` at a time."""
+    context = multiprocessing.get_context("fork")
+    pending = list(enumerate(tasks))
+    running: dict[Any, tuple[int, Any]] = {}
+    while pending or running:
+        while pending and len(running) < workers:
+            k, (_, task) = pending.pop(0)
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=_send_outcome, args=(sender, work, task), daemon=True)
+            process.start()
+            sender.close()
+            running[receiver] = (k, process)
+        for ready in multiprocessing.connection.wait(list(running)):
+            answer: Any = ready
+            k, process = running.pop(answer)
+            try:
+                outcome = answer.recv()
+            except EOFError:
+                process.join()
+                outcome = RuntimeError(f"a worker process died (exit status {process.exitcode}) before it answered")
+            process.join()
+            yield k, outcome
+
+
+def _send_outcome(sender: Any, work: Callable[[T], Any], task: T) -> None:
+    try:
+        outcome: Any = _timed(work, task)
+    except BaseException as exc:  # noqa: BLE001  (handed to the build process, which raises it)
+        outcome = exc
+    sender.send(outcome)
 
 
 def _raise_in_order(errors: list[BaseException]) -> None:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from shimgen import devices, toolchain
 from shimgen.cache import shared_cache
-from shimgen.commands import ci_workflow, matrix, report
+from shimgen.commands import ci_workflow, matrix, report, server
 from shimgen.commands.check import compare
 from shimgen.errors import BuildError, UserError
 from shimgen.files import exclusive
+from shimgen.inductor import kernel_choice
 from shimgen.package import merge
 from shimgen.pipeline import BuildOutput, Layout, build
 from shimgen.spec import load_spec
@@ -30,6 +31,10 @@ from shimgen.toolchain.cuda import detect_cuda, torch_cuda_version
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and sys.argv[1:2] == ["build"]:  # the command line's, not a caller's in this process
+        handed = server.hand_over(sys.argv[1:])
+        if handed is not None:
+            return handed
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -323,6 +328,9 @@ def _print_summary(result: BuildOutput) -> None:
         print(f"  not verified: {skipped}", file=err)
     if result.slowest_units:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
+    for unit, gemms in result.untimed_gemms.items():
+        listed = ", ".join(f"{' @ '.join(sizes)}{f' x{n}' if n > 1 else ''}" for sizes, n in gemms)
+        print(f"  library GEMMs, untimed ({kernel_choice.CPU_LIBRARY_ROWS} rows or more), {unit}: {listed}", file=err)
     for unit, choices in result.kernel_choices.items():
         print(f"  kernels chosen by timing, {unit} (us per call; CPU candidates timed with one thread):", file=err)
         for c in choices:

@@ -213,7 +213,7 @@ def generate(
                 _quiet_autotuning(),
                 per_device,
                 _state_not_folded(),
-                kernel_choice.recorded(target.device, locked, retune) as recording,
+                kernel_choice.recorded(target.device, locked, retune, flags.max_autotune) as recording,
             ):
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
@@ -263,6 +263,7 @@ def generate(
         out_nodes=traced.out_nodes,
         num_outputs=traced.num_outputs,
         kernel_choices=kernel_choice.merged(recording.choices),
+        untimed_gemms=tuple(recording.untimed.items()),
         extern_nodes=out_dir / "extern_nodes.json" if called else None,
         run_time_modules=custom_ops.run_time_modules(called, ops),
         autotune_timings=recording.timings,

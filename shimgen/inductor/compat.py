@@ -274,6 +274,11 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     ),
     Requirement("Inductor's V.graph", CODEGEN, _attribute(f"{_INDUCTOR}.virtualized", "V.graph")),
     Requirement(
+        "Inductor's use_cpp_gemm_template (asked by its linear lowerings)",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.mkldnn_lowerings", "use_cpp_gemm_template", ("layout", "mat1", "mat2")),
+    ),
+    Requirement(
         "Inductor's SizeVarAllocator.optimization_hints",
         CODEGEN,
         _attribute(f"{_INDUCTOR}.sizevars", "SizeVarAllocator.optimization_hints", ("self", "exprs")),

@@ -101,3 +101,26 @@ def python_custom_op_file(name: str) -> str | None:
 
     opdef = OPDEFS.get(name)
     return None if opdef is None else str(opdef._init_fn.__code__.co_filename)
+
+
+def import_build_modules() -> None:
+    """Import what every build imports (torch, export, Inductor's AOT codegen), without running anything: the build
+    server's state before it forks a build."""
+    import torch  # noqa: F401
+    import torch._inductor.codegen.cpp_wrapper_cpu  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+    import torch.export  # noqa: F401
+
+
+def fork_is_safe() -> bool:
+    """Whether a child forked now may use CUDA: torch refuses it ("Cannot re-initialize CUDA in forked subprocess") once
+    this process has asked the CUDA driver anything, which `torch.cuda.is_available()` does unless
+    PYTORCH_NVML_BASED_CUDA_CHECK=1 makes it ask NVML."""
+    import os
+
+    import torch
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the probe child)
+        os._exit(int(torch.cuda._is_in_bad_fork()))
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0

@@ -24,6 +24,13 @@ from shimgen import devices
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import KernelChoice
 
+# Where timing pays on a CPU: a GEMM with at least this many rows (the product of the output's leading dims at the
+# traced example) gets the library kernel (oneDNN, MKL, ATen) untimed. Measured on this project's 2-core runner with
+# one thread, K x N from 384 x 384 to 768 x 768 (benchmarks/gemm_rule.py, results/gemm_rule.md): Inductor's C++ GEMM
+# template takes 0.2-0.8x the library's time at 1-4 rows (oneDNN's ~30 us per call is most of a small GEMM) and
+# 1.5-2.9x from 16 rows on; timing it means rendering it (0.7 s) and compiling it, seconds per GEMM of every build.
+CPU_LIBRARY_ROWS = 16
+
 # Extern (library) kernels by the name Inductor's choice carries; the rest are Inductor's own templates.
 LIBRARIES = {
     "_linear_pointwise": "oneDNN",
@@ -44,15 +51,17 @@ def kind(choice_name: str, extern: bool) -> str:
 @dataclass
 class Recording:
     choices: list[KernelChoice] = field(default_factory=list)
+    untimed: dict[tuple[str, ...], int] = field(default_factory=dict)  # GEMM sizes given the library kernel -> count
     timings: Timings = field(
         default_factory=dict
     )  # every timing record Inductor's selections used, in the lockfile's shape
 
 
 @contextmanager
-def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
+def recorded(device: str, locked: Timings, retune: bool, every_gemm: bool = False) -> Iterator[Recording]:
     """Inductor's configuration for the duration: every kernel selection recorded; a selection whose candidates
-    all have timings in `locked` takes them from there instead of measuring (none does with `retune`)."""
+    all have timings in `locked` takes them from there instead of measuring (none does with `retune`). On a CPU, GEMMs
+    of CPU_LIBRARY_ROWS rows or more get the library kernel untimed, unless `every_gemm` (max_autotune)."""
     import torch
     from torch._inductor import config, select_algorithm
     from torch._inductor.codecache import CacheBase, PersistentCache
@@ -92,6 +101,9 @@ def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
             mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results))
         )
         stack.enter_context(mock.patch.object(PersistentCache, "lookup", lookup))
+        if not devices.device(device).gpu and not every_gemm:
+            for module, original in _cpp_gemm_gates():
+                stack.enter_context(mock.patch.object(module, "use_cpp_gemm_template", _gated(original, recording)))
         if not devices.device(device).gpu:
             cache = CacheBase.get_local_cache_path()
             one_thread_cache = cache.with_name(f"{cache.name}-shimgen-cpu-one-thread")
@@ -101,6 +113,43 @@ def recorded(device: str, locked: Timings, retune: bool) -> Iterator[Recording]:
             torch.set_num_threads(1)
             stack.callback(torch.set_num_threads, threads)
         yield recording
+
+
+def _cpp_gemm_gates() -> list[tuple[Any, Any]]:
+    """Each loaded Inductor module that asks `use_cpp_gemm_template` (imported by name into the lowerings), with it."""
+    import sys
+
+    import torch._inductor.kernel.mm
+    import torch._inductor.mkldnn_lowerings  # noqa: F401  (loaded before the lookup, as a compile loads them)
+    from torch._inductor import utils
+
+    original = utils.use_cpp_gemm_template
+    return [
+        (module, original)
+        for name, module in list(sys.modules.items())
+        if name.startswith("torch._inductor") and getattr(module, "use_cpp_gemm_template", None) is original
+    ]
+
+
+def _gated(original: Any, recording: Recording) -> Any:
+    """`use_cpp_gemm_template` offering the template (and so timing it) only below CPU_LIBRARY_ROWS rows."""
+
+    def use_cpp_gemm_template(layout: Any, mat1: Any, mat2: Any, *args: Any, **kwargs: Any) -> bool:
+        if not original(layout, mat1, mat2, *args, **kwargs):
+            return False
+        from torch._inductor.virtualized import V
+
+        size = V.graph.sizevars.optimization_hints(layout.size)
+        rows = 1
+        for dim in size[:-1]:
+            rows *= int(dim)
+        if rows < CPU_LIBRARY_ROWS:
+            return True
+        sizes = (_sizes(V.graph, mat1), _sizes(V.graph, mat2))
+        recording.untimed[sizes] = recording.untimed.get(sizes, 0) + 1
+        return False
+
+    return use_cpp_gemm_template
 
 
 def _keeping_input_layouts(benchmark: Any, candidates: list[Any]) -> Any:

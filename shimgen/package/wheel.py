@@ -1,12 +1,18 @@
-"""Package stage: meson-python turns the compiled build directory into a wheel; the wheel unpacked
-is the importable package directory. Both are replaced only after the unpacked package imports in
-a fresh interpreter, so a build that reports success always leaves a package that imports.
+"""Package stage: the wheel, written once from Meson's install plan, and the importable package directory, written
+from the same bytes. Both are replaced only after the package imports in a fresh interpreter (and computes what its
+traced programs do), so a build that reports success always leaves a package that imports.
 
-The wheel is reproducible: its members are rewritten in sorted order (the .dist-info directory last, RECORD
-last of all), with SOURCE_DATE_EPOCH's timestamp and permissions that do not depend on the umask. A member is
-deflated only where that pays: weights (float data, in a .safetensors file or as most of an extension module's
-bytes) hardly deflate (to about 93%), and deflating MiniLM's 90 MB of them took 3 s of every build on 2 cores.
-The choice is made from the member's content alone, so identical members still give an identical wheel.
+The wheel holds what the plan installs into Python's library directory (install tags 'runtime' and 'python-runtime',
+read from the build directory, where Meson left them as they install: no build RPATH to strip), and a .dist-info made
+from the generated pyproject.toml's [project] table, as meson-python would make it. The generated project stays a
+meson-python project (`pip wheel build/<name>/project` makes the same package); shimgen does not run meson-python,
+which would deflate 50-100 MB of weights only for them to be written again.
+
+The wheel is reproducible: members in sorted order (the .dist-info directory last, RECORD last of all), with
+SOURCE_DATE_EPOCH's timestamp and permissions that do not depend on the umask. A member is deflated only where that
+pays: weights (float data, in a .safetensors file or as most of an extension module's bytes) hardly deflate (to about
+93%), and deflating MiniLM's 90 MB of them took 3 s of every build on 2 cores. The choice is made from the member's
+content alone, so identical members still give an identical wheel.
 """
 
 from __future__ import annotations
@@ -19,13 +25,23 @@ import json
 import pickle
 import shutil
 import stat
+import sys
+import sysconfig
 import tempfile
 import time
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
-from shimgen.build.meson import ZIP_EPOCH, build_wheel, source_date_epoch
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from packaging.utils import canonicalize_name
+
+from shimgen.build.meson import ZIP_EPOCH, install_plan, source_date_epoch
 from shimgen.build.process import run
 from shimgen.errors import BuildError
 from shimgen.files import replace_dir
@@ -40,6 +56,8 @@ _SAMPLE_BYTES = 1 << 20
 _SAMPLE_CHUNKS = 16
 _STORE_ABOVE = 0.9  # store a member whose sample deflates (zlib level 6, ZipFile's default) to more than this
 _ALWAYS_STORED = (".safetensors",)
+WHEEL_TAGS = ("runtime", "python-runtime")  # the C++ package's files carry 'cpp'
+_PYTHON_DIRS = ("{py_platlib}/", "{py_purelib}/")
 
 
 def build_and_unpack(
@@ -49,31 +67,77 @@ def build_and_unpack(
     site: Path,
     name: str,
     tc: Toolchain,
-    launcher: str | None,
     key: str,
     module_dirs: tuple[Path, ...] = (),
     plan: verify.Plan | None = None,
 ) -> PackageResult:
-    """The wheel in `dist` and its contents in `site` (a directory that can go on sys.path); `module_dirs` hold the
-    Python modules the package imports besides torch (the spec's directory, for its custom ops' modules)."""
+    """The wheel of the project in `source` compiled in `build_dir`, in `dist`, and its contents in `site` (a
+    directory that can go on sys.path); `module_dirs` hold the Python modules the package imports besides torch (the
+    spec's directory, for its custom ops' modules)."""
+    members = {path: (file.read_bytes(), file.suffix == ".so") for path, file in planned_members(build_dir).items()}
+    project = tomllib.loads((source / "pyproject.toml").read_text())["project"]
+    distribution = f"{canonicalize_name(project['name']).replace('-', '_')}-{project['version']}"
+    tag = wheel_tag()
+    members[f"{distribution}.dist-info/METADATA"] = (_metadata(project), False)
+    members[f"{distribution}.dist-info/WHEEL"] = (
+        f"Wheel-Version: 1.0\nGenerator: shimgen\nRoot-Is-Purelib: false\nTag: {tag}\n\n".encode(),
+        False,
+    )
     dist.mkdir(parents=True, exist_ok=True)
+    staging = site.with_name(site.name + ".new")
+    _write_tree(members, staging)
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
-        wheel = build_wheel(source, build_dir, Path(tmp), tc, launcher)
-        normalize_wheel(wheel, source_date_epoch())
-        return install(wheel, dist, site, name, tc, key, module_dirs, plan)
+        wheel = Path(tmp) / f"{distribution}-{tag}.whl"
+        write_wheel(wheel, members)
+        return _install(wheel, staging, dist, site, name, tc, key, module_dirs, plan)
 
 
-def normalize_wheel(wheel: Path, epoch: int) -> None:
-    """Rewrite `wheel` in place so that its bytes depend only on its members' names and contents."""
-    with zipfile.ZipFile(wheel) as zf:
-        members = {
-            info.filename: (zf.read(info), bool((info.external_attr >> 16) & 0o111))
-            for info in zf.infolist()
-            if not info.is_dir()
-        }
-    if not any(name.endswith(".dist-info/RECORD") for name in members):
-        raise BuildError(f"meson-python wrote a wheel without a RECORD: {wheel.name}")
-    write_wheel(wheel, members, epoch)
+def planned_members(build_dir: Path) -> dict[str, Path]:
+    """The wheel's members (their paths in the wheel) and the files of `build_dir`'s project they are, as Meson's
+    install plan has them."""
+    members = {}
+    for entries in install_plan(build_dir).values():
+        for file, entry in entries.items():
+            if entry.get("tag") not in WHEEL_TAGS:
+                continue
+            destination = entry["destination"]
+            if not destination.startswith(_PYTHON_DIRS) or entry.get("build_rpaths") or Path(file).is_dir():
+                raise BuildError(
+                    f"the generated Meson project installs {file} to {destination} with install tag {entry['tag']}: "
+                    "a wheel holds plain files in the Python package (a shimgen bug)"
+                )
+            members[destination.split("/", 1)[1]] = Path(file)
+    return members
+
+
+def wheel_tag() -> str:
+    """This Python's wheel tag for an extension module that is not manylinux-checked, as meson-python writes it:
+    cp311-cp311-linux_x86_64."""
+    interpreter = f"{sys.implementation.name[:2]}{sys.version_info.major}{sys.version_info.minor}"
+    soabi = sysconfig.get_config_var("SOABI") or ""
+    abi = interpreter if soabi.startswith("cpython-") else soabi.split("-")[0].replace(".", "_") or "none"
+    return f"{interpreter}-{abi}-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}"
+
+
+def _metadata(project: dict[str, Any]) -> bytes:
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {project['name']}",
+        f"Version: {project['version']}",
+        f"Summary: {project['description']}",
+        f"Requires-Python: {project['requires-python']}",
+        *(f"Requires-Dist: {requirement}" for requirement in project.get("dependencies", ())),
+    ]
+    return ("\n".join(lines) + "\n\n").encode()
+
+
+def _write_tree(members: dict[str, tuple[bytes, bool]], root: Path) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    for name, (data, executable) in members.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        path.chmod(0o755 if executable else 0o644)
 
 
 def write_wheel(wheel: Path, members: dict[str, tuple[bytes, bool]], epoch: int | None = None) -> None:
@@ -197,12 +261,25 @@ def install(
     module_dirs: tuple[Path, ...] = (),
     plan: verify.Plan | None = None,
 ) -> PackageResult:
-    """`wheel` (just built, or from the shared cache) moved into `dist` and unpacked in `site`, once it imports here
-    and,
-    given a plan, computes what its traced programs do."""
+    """`wheel` (from the shared cache) moved into `dist` and unpacked in `site`, once it imports here and, given a
+    plan, computes what its traced programs do."""
     dist.mkdir(parents=True, exist_ok=True)
     staging = site.with_name(site.name + ".new")
     _unpack(wheel, staging)
+    return _install(wheel, staging, dist, site, name, tc, key, module_dirs, plan)
+
+
+def _install(
+    wheel: Path,
+    staging: Path,
+    dist: Path,
+    site: Path,
+    name: str,
+    tc: Toolchain,
+    key: str,
+    module_dirs: tuple[Path, ...],
+    plan: verify.Plan | None,
+) -> PackageResult:
     report = _check(staging, name, tc, module_dirs, plan)
     final = dist / wheel.name
     wheel.replace(final)

@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +183,34 @@ print("venv ok", mlp.__file__)
         [str(python), "-c", "import importlib.metadata as m; print(m.requires('mlp'))"], capture_output=True, text=True
     ).stdout
     assert f"torch=={torch_version}" in metadata
+
+
+def test_meson_python_makes_the_same_package(built_mlp: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
+    """shimgen writes the wheel from Meson's install plan; meson-python, run on the generated project (reusing its
+    build directory, as pip would without build isolation), packs the same files under the same names."""
+    project, build_dir = workdir / "build" / "mlp" / "project", workdir / "build" / "mlp" / "meson"
+    made = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, mesonpy; print(mesonpy.build_wheel(sys.argv[1], {'build-dir': sys.argv[2]}))",
+            str(tmp_path),
+            str(build_dir),
+        ],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MESON": toolchain.detect().meson},
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    theirs, ours = tmp_path / made.stdout.split()[-1], Path(built_mlp["wheel"])
+    assert theirs.name == ours.name
+
+    def contents(wheel: Path) -> dict[str, bytes]:
+        with zipfile.ZipFile(wheel) as zf:
+            return {n: zf.read(n) for n in zf.namelist() if not n.endswith(("/RECORD", "/WHEEL"))}
+
+    assert contents(theirs) == contents(ours)
 
 
 def _digest(path: Path) -> str:

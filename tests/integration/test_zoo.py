@@ -50,8 +50,8 @@ def test_zoo_matches_eager_across_every_range(workdir: Path, spec_name: str) -> 
     if spec_name == "shapes.toml":
         assert {("cat_slices", "q=2"), ("cat_slices", "q=64"), ("pairs", "rows=2"), ("topk", "batch=1")} <= cases
     elif spec_name == "vision.toml":
-        # ConvNeXt's batch 1 is a variant of its own (torch.export cannot keep it in the range); Swin's batched matmuls
-        # were timed against the C++ GEMM template, and the package runs at every batch.
+        # ConvNeXt's batch 1 is a variant of its own (torch.export cannot keep it in the range); the package runs at
+        # every batch.
         assert {
             ("convnext", "batch=1"),
             ("convnext", "variant batch=1"),

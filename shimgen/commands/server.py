@@ -1,0 +1,296 @@
+"""The build server: a per-user process that imports torch, Inductor and shimgen once and runs each `shimgen build`
+handed to it in a child forked from that state, so that an edit-rebuild loop does not pay Python's and torch's
+start-up (3-6 s on 2 cores) at every build.
+
+The server itself never builds: it holds only imported modules (no thread of its own, no OpenMP team, no CUDA
+context), so each child starts as a fresh `shimgen build` would, less the imports, and imports the project's own
+modules itself (an edited model is always seen). A child runs with the client's arguments, working directory,
+environment and standard streams (passed over the socket), and its exit status is the client's. The build's own
+locks are the same; the server adds none.
+
+One server per user, Python, torch, shimgen and import-time environment (`server_key`), started on demand by the
+first build that finds none, stopped after `SHIMGEN_SERVER_IDLE` seconds (default 600) without a build. The server
+holds `<key>.lock` while it lives, so that two clients starting one at once leave one; a server that died leaves a
+socket nobody answers, and its client builds in its own process. `SHIMGEN_SERVER=off` builds in-process always.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from shimgen.files import shimgen_fingerprint
+from shimgen.inductor import internals
+
+IDLE_SECONDS = 600.0
+START_SECONDS = 120.0  # a server not answering by then is given up on; the client builds in its own process
+# Variables read while torch, Inductor or Triton are imported (their configs take TORCHINDUCTOR_* then): a server
+# imported under other values serves no build. Cache directories are read at each use, not at import.
+_IMPORT_ENV = ("TORCH", "PYTORCH", "TRITON", "CUDA", "NVIDIA", "OMP_", "MKL_", "KMP_", "LD_", "PYTHON")
+_SOCKET_LIMIT = 100  # sun_path holds 108 bytes
+
+
+def server_key(env: dict[str, str]) -> str:
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = ""
+    imported_under = sorted((k, v) for k, v in env.items() if k.startswith(_IMPORT_ENV) and not k.endswith("CACHE_DIR"))
+    text = json.dumps([sys.executable, sys.version, torch_version, shimgen_fingerprint(), imported_under])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def server_dir() -> Path:
+    """Per user: $SHIMGEN_CACHE_DIR/../server, else $XDG_CACHE_HOME/shimgen/server."""
+    from shimgen.toolchain import cache_dir
+
+    return cache_dir().parent / "server"
+
+
+def hand_over(argv: list[str]) -> int | None:
+    """Run `shimgen <argv>` in this user's build server (started if there is none) and return its exit status; None
+    where no server can take it (then the caller builds in its own process)."""
+    if os.environ.get("SHIMGEN_SERVER", "").lower() in ("off", "0", "no", "false") or os.environ.get(
+        "SHIMGEN_SERVER_CHILD"
+    ):
+        return None
+    path = server_dir() / f"{server_key(dict(os.environ))}.sock"
+    if len(os.fsencode(path)) > _SOCKET_LIMIT or path.with_suffix(".refused").exists():
+        return None
+    conn = _connect(path) or _start(path)
+    if conn is None:
+        return None
+    with conn:
+        request = json.dumps({"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}).encode(
+            "utf-8", "surrogateescape"
+        )
+        try:
+            socket.send_fds(conn, [struct.pack("<Q", len(request))], [0, 1, 2])
+            conn.sendall(request)
+            status = _receive_status(conn)
+        except OSError:
+            status = None
+    if status is not None and status > 128 and status != 130:
+        print(f"shimgen: the build crashed with signal {status - 128}", file=sys.stderr)
+    return status
+
+
+def _receive_status(conn: socket.socket) -> int | None:
+    """The child's exit status; Ctrl-C or SIGTERM here closes the connection, which interrupts the child."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        data = b""
+        while len(data) < 4:
+            chunk = conn.recv(4 - len(data))
+            if not chunk:
+                return None  # the server went away before the child ended
+            data += chunk
+        return int(struct.unpack("<i", data)[0])
+    except KeyboardInterrupt:
+        conn.close()
+        print("shimgen: interrupted; previous outputs are left as they were", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _connect(path: Path) -> socket.socket | None:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        return None
+    return conn
+
+
+def _start(path: Path) -> socket.socket | None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".log"), "ab") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "shimgen.commands.server", str(path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # not in the terminal's process group: a Ctrl-C of this build leaves it
+        )
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        conn = _connect(path)
+        if conn is not None:
+            return conn
+        if server.poll() is not None:  # it refused to serve, or another client's server holds the lock
+            conn = _connect(path)
+            if conn is not None or not _held(path.with_suffix(".lock")):
+                return conn
+        time.sleep(0.05)
+    return None
+
+
+def _held(lock: Path) -> bool:
+    import fcntl
+
+    with open(lock, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return False
+
+
+def serve(path: Path) -> None:
+    """Listen on `path` until idle; each request runs in a forked child."""
+    import fcntl
+
+    lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115  (held for the server's life)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # another server for this key is starting or running
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # the imports below must not ask the CUDA driver (fork_is_safe)
+    internals.import_build_modules()
+    import shimgen.commands.cli  # noqa: F401
+
+    if not internals.fork_is_safe():
+        path.with_suffix(".refused").write_text(
+            "importing torch and Inductor initialised CUDA's driver here; a child forked from it cannot use CUDA, so "
+            "builds run in their own process\n"
+        )
+        return
+
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    bound = path.stat().st_ino
+    listener.listen(16)
+    idle = float(os.environ.get("SHIMGEN_SERVER_IDLE", IDLE_SECONDS))
+    children: dict[int, socket.socket] = {}
+    interrupted: set[int] = set()
+    last = time.monotonic()
+    try:
+        while children or time.monotonic() - last < idle:
+            readable, _, _ = select.select([listener, *children.values()], [], [], 0.2)
+            for conn in readable:
+                if conn is listener:
+                    child = _accept(listener, [lock.fileno(), *(c.fileno() for c in children.values())])
+                    if child is not None:
+                        children[child[0]] = child[1]
+                else:  # a client closed its end (Ctrl-C, killed) before its child ended: the build is interrupted
+                    pid = next(p for p, c in children.items() if c is conn)
+                    if pid not in interrupted:
+                        interrupted.add(pid)
+                        _signal(pid, signal.SIGINT)
+            for pid in list(children):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    conn = children.pop(pid)
+                    interrupted.discard(pid)
+                    code = os.waitstatus_to_exitcode(status)
+                    try:
+                        conn.sendall(struct.pack("<i", code if code >= 0 else 128 - code))
+                    except OSError:
+                        pass
+                    conn.close()
+                    last = time.monotonic()
+    finally:
+        if path.exists() and path.stat().st_ino == bound:  # not yet another server's
+            path.unlink()
+        listener.close()
+
+
+def _accept(listener: socket.socket, servers: list[int]) -> tuple[int, socket.socket] | None:
+    """Fork a child for the next request; `servers`, the server's own descriptors, are closed in the child."""
+    conn, _ = listener.accept()
+    conn.settimeout(10)
+    try:
+        header, fds, _, _ = socket.recv_fds(conn, 8, 3)
+        (length,) = struct.unpack("<Q", header)
+        data = b""
+        while len(data) < length:
+            chunk = conn.recv(min(1 << 20, length - len(data)))
+            if not chunk:
+                raise OSError("the client went away")
+            data += chunk
+        request = json.loads(data.decode("utf-8", "surrogateescape"))
+        if len(fds) != 3:
+            raise OSError("no standard streams passed")
+    except (OSError, ValueError, struct.error):
+        conn.close()
+        return None
+    conn.settimeout(None)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the child; its coverage is the build's)
+        for fd in [listener.fileno(), conn.fileno(), *servers]:
+            os.close(fd)
+        os._exit(_run_child(request, fds))
+    try:
+        os.setpgid(pid, pid)  # also here, before any signal of the server's can reach the group
+    except OSError:
+        pass
+    for fd in fds:
+        os.close(fd)
+    return pid, conn
+
+
+def _run_child(request: dict[str, object], fds: list[int]) -> int:
+    code = 3
+    try:
+        # A process group of its own, as a terminal gives a command: an interrupted build's SIGINT reaches ninja and the
+        # compilers too. It is interrupted as well where the server dies under it (Linux's parent-death signal).
+        os.setpgid(0, 0)
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        env, argv, cwd = request["env"], request["argv"], request["cwd"]
+        assert isinstance(env, dict) and isinstance(argv, list) and isinstance(cwd, str)
+        os.environ.clear()
+        os.environ.update({**env, "SHIMGEN_SERVER_CHILD": "1"})
+        os.chdir(cwd)
+        sys.argv = ["shimgen", *argv]
+        from shimgen.commands.cli import main
+
+        code = main(argv)
+    except BaseException:  # noqa: BLE001  (reported as main reports a bug; the server stays up)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except OSError:
+                pass
+    return code
+
+
+def _signal(pid: int, sig: int) -> None:
+    """`sig` to the build child `pid` and every process of its group."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+if __name__ == "__main__":
+    serve(Path(sys.argv[1]))

@@ -1,0 +1,122 @@
+"""The build server (shimgen/commands/server.py): `shimgen build` hands its work to a per-user process that has torch
+imported, and the result is the same as a build in the command's own process: an edited model is seen, errors read
+the same, a killed server costs nothing but its speed, and an idle one stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import COMMAND, FAST_FLAGS, call_in_subprocess, edited, with_flags
+
+from shimgen.spec import load_spec
+from shimgen.trace.entry import load_model, make_inputs
+
+pytestmark = pytest.mark.slow
+
+
+def served_build(spec: Path, out: Path, env: dict[str, str], *extra: str) -> tuple[int, dict | None, str]:
+    """(exit status, --json summary or None, stderr) of the real CLI, the server on."""
+    run = subprocess.run(
+        [*COMMAND, "build", str(spec), "--out", str(out), "--json", *extra],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env, "SHIMGEN_SERVER": "on"},
+    )
+    return run.returncode, json.loads(run.stdout) if run.returncode == 0 else None, run.stderr
+
+
+@pytest.fixture
+def project(workdir: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of mlp.toml and its model under tmp_path, and an environment with a server directory of its own."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mlp.py").write_text((workdir / "projects" / "models" / "mlp.py").read_text())
+    spec = tmp_path / "mlp.toml"
+    spec.write_text(
+        edited(
+            with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', 'name = "served"'
+        )
+    )
+    cache = tmp_path / "cache" / "toolchain"
+    if os.environ.get("SHIMGEN_CACHE_DIR"):  # the toolchain cache the session has warmed, servers kept apart
+        cache.parent.mkdir()
+        cache.symlink_to(os.environ["SHIMGEN_CACHE_DIR"])
+    return spec, {"SHIMGEN_CACHE_DIR": str(cache), "SHIMGEN_SERVER_IDLE": "60"}
+
+
+def stop(*summaries: dict | None) -> None:
+    for summary in summaries:
+        if summary and summary.get("build_server"):
+            try:
+                os.kill(summary["build_server"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def eager(spec: Path, x: torch.Tensor) -> torch.Tensor:
+    model = load_model(load_spec(spec).graph[0], "graph[0]", spec.parent)
+    with torch.no_grad():
+        return model(x)
+
+
+def test_builds_run_in_the_server_and_see_edits(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    spec, env = project
+    first = None
+    try:
+        code, first, err = served_build(spec, tmp_path / "out", env)
+        assert code == 0, err
+        server = first["build_server"]
+        assert server is not None and server != os.getpid(), "the first build starts a server and runs in it"
+        x = make_inputs(load_spec(spec).graph[0], {"batch": 3}, seed=2)[0]
+        torch.testing.assert_close(call_in_subprocess(first, "forward", tmp_path, x), eager(spec, x))
+
+        model = tmp_path / "models" / "mlp.py"
+        model.write_text(edited(model.read_text(), "nn.ReLU()", "nn.GELU()"))  # imported afresh by each build
+        code, second, err = served_build(spec, tmp_path / "out", env)
+        assert code == 0, err
+        assert second["build_server"] == server
+        torch.testing.assert_close(call_in_subprocess(second, "forward", tmp_path, x), eager(spec, x))
+
+        spec.write_text(with_flags(spec.read_text(), no_such_flag="1"))
+        code, _, err = served_build(spec, tmp_path / "out", env)
+        assert code == 2 and "no_such_flag" in err and "Traceback" not in err
+    finally:
+        stop(first)
+
+
+def test_a_killed_server_costs_only_speed(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    spec, env = project
+    first = again = None
+    try:
+        code, first, err = served_build(spec, tmp_path / "out", env)
+        assert code == 0, err
+        os.kill(first["build_server"], signal.SIGKILL)
+        time.sleep(0.5)
+        code, again, err = served_build(spec, tmp_path / "out", env, "--force")
+        assert code == 0, err
+        assert again["build_server"] not in (None, first["build_server"]), "a new server is started"
+    finally:
+        stop(first, again)
+
+
+def test_an_idle_server_stops(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    spec, env = project
+    env = {**env, "SHIMGEN_SERVER_IDLE": "2"}
+    code, built, err = served_build(spec, tmp_path / "out", env)
+    assert code == 0, err
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(built["build_server"], 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the server outlived its idle time")
+    assert not list((Path(env["SHIMGEN_CACHE_DIR"]).parent / "server").glob("*.sock"))
