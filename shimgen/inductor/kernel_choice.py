@@ -52,6 +52,7 @@ def kind(choice_name: str, extern: bool) -> str:
 class Recording:
     choices: list[KernelChoice] = field(default_factory=list)
     untimed: dict[tuple[str, ...], int] = field(default_factory=dict)  # GEMM sizes given the library kernel -> count
+    asked: set[int] = field(default_factory=set)
     timings: Timings = field(
         default_factory=dict
     )  # every timing record Inductor's selections used, in the lockfile's shape
@@ -145,8 +146,10 @@ def _gated(original: Any, recording: Recording) -> Any:
             rows *= int(dim)
         if rows < CPU_LIBRARY_ROWS:
             return True
-        sizes = (_sizes(V.graph, mat1), _sizes(V.graph, mat2))
-        recording.untimed[sizes] = recording.untimed.get(sizes, 0) + 1
+        if id(layout) not in recording.asked:  # a lowering may ask twice about one GEMM (one output layout)
+            recording.asked.add(id(layout))
+            sizes = (_sizes(V.graph, mat1), _sizes(V.graph, mat2))
+            recording.untimed[sizes] = recording.untimed.get(sizes, 0) + 1
         return False
 
     return use_cpp_gemm_template

@@ -185,6 +185,28 @@ print("venv ok", mlp.__file__)
     assert f"torch=={torch_version}" in metadata
 
 
+def test_gemms_with_many_rows_get_the_library_kernel_untimed(workdir: Path) -> None:
+    """kernel_choice.CPU_LIBRARY_ROWS: at example batch 32 the mlp's Linears are not timed (the template would lose
+    there); the summary lists them, the lockfile has nothing for them, and the package computes what eager does."""
+    spec = workdir / "projects" / "mlp_rows.toml"
+    spec.write_text(
+        edited(
+            edited((workdir / "projects" / "mlp.toml").read_text(), 'name = "mlp"', 'name = "mlp_rows"'),
+            "example = 4",
+            "example = 32",
+        )
+    )
+    summary = build_json(spec, workdir)
+    assert summary["untimed_gemms"] == {"forward_cpu": [{"sizes": ["32x32", "32x32"], "count": 8}]}
+    assert "forward_cpu" not in summary["kernel_choices"]
+    lock = spec.with_name(spec.name + ".lock")
+    assert not lock.is_file() or not json.loads(lock.read_text())["units"]
+    package = import_package(summary)
+    graph, model, (x,) = eager_and_inputs(spec, 0, {"batch": 40})
+    with torch.no_grad():
+        torch.testing.assert_close(package.forward(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_meson_python_makes_the_same_package(built_mlp: dict[str, Any], workdir: Path, tmp_path: Path) -> None:
     """shimgen writes the wheel from Meson's install plan; meson-python, run on the generated project (reusing its
     build directory, as pip would without build isolation), packs the same files under the same names."""
