@@ -561,7 +561,7 @@ EDIT_KINDS = {
     # one layer's code: the last block's activation
     "code": {
         "resnet": "model.layer4[1].relu = nn.GELU()",
-        "minilm": "model.encoder.layer[5].intermediate.intermediate_act_fn = transformers.activations.ACT2FN[\"relu\"]",
+        "minilm": 'model.encoder.layer[5].intermediate.intermediate_act_fn = transformers.activations.ACT2FN["relu"]',
     },
     # one weight: a bias element of the last layer
     "weight": {
