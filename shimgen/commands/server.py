@@ -26,6 +26,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +47,9 @@ def server_key(env: dict[str, str]) -> str:
     except importlib.metadata.PackageNotFoundError:
         torch_version = ""
     imported_under = sorted((k, v) for k, v in env.items() if k.startswith(_IMPORT_ENV) and not k.endswith("CACHE_DIR"))
-    text = json.dumps([sys.executable, sys.version, torch_version, shimgen_fingerprint(), imported_under])
+    text = json.dumps(
+        [str(server_dir()), sys.executable, sys.version, torch_version, shimgen_fingerprint(), imported_under]
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -64,10 +67,11 @@ def hand_over(argv: list[str]) -> int | None:
         "SHIMGEN_SERVER_CHILD"
     ):
         return None
-    path = server_dir() / f"{server_key(dict(os.environ))}.sock"
-    if len(os.fsencode(path)) > _SOCKET_LIMIT or path.with_suffix(".refused").exists():
+    base = server_dir() / server_key(dict(os.environ))
+    path = socket_path(base)
+    if path is None or base.with_suffix(".refused").exists():
         return None
-    conn = _connect(path) or _start(path)
+    conn = _connect(path) or _start(base, path)
     if conn is None:
         return None
     with conn:
@@ -83,6 +87,21 @@ def hand_over(argv: list[str]) -> int | None:
     if status is not None and status > 128 and status != 130:
         print(f"shimgen: the build crashed with signal {status - 128}", file=sys.stderr)
     return status
+
+
+def socket_path(base: Path) -> Path | None:
+    """Where the server of `base` (its lock, log and key) listens: a short path, since a socket's holds 108 bytes, in a
+    directory of this user's alone; None where there is no such place."""
+    directory = Path(tempfile.gettempdir()) / f"shimgen-{os.getuid()}"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        info = directory.stat()
+    except OSError:
+        return None
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        return None
+    path = directory / f"{base.name}.sock"
+    return path if len(os.fsencode(path)) <= _SOCKET_LIMIT else None
 
 
 def _receive_status(conn: socket.socket) -> int | None:
@@ -114,11 +133,11 @@ def _connect(path: Path) -> socket.socket | None:
     return conn
 
 
-def _start(path: Path) -> socket.socket | None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".log"), "ab") as log:
+def _start(base: Path, path: Path) -> socket.socket | None:
+    base.parent.mkdir(parents=True, exist_ok=True)
+    with open(base.with_suffix(".log"), "ab") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "shimgen.commands.server", str(path)],
+            [sys.executable, "-m", "shimgen.commands.server", str(base)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -131,7 +150,7 @@ def _start(path: Path) -> socket.socket | None:
             return conn
         if server.poll() is not None:  # it refused to serve, or another client's server holds the lock
             conn = _connect(path)
-            if conn is not None or not _held(path.with_suffix(".lock")):
+            if conn is not None or not _held(base.with_suffix(".lock")):
                 return conn
         time.sleep(0.05)
     return None
@@ -149,11 +168,14 @@ def _held(lock: Path) -> bool:
     return False
 
 
-def serve(path: Path) -> None:
-    """Listen on `path` until idle; each request runs in a forked child."""
+def serve(base: Path) -> None:
+    """Listen on `base`'s socket until idle; each request runs in a forked child."""
     import fcntl
 
-    lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115  (held for the server's life)
+    path = socket_path(base)
+    if path is None:
+        return
+    lock = open(base.with_suffix(".lock"), "a")  # noqa: SIM115  (held for the server's life)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -163,7 +185,7 @@ def serve(path: Path) -> None:
     import shimgen.commands.cli  # noqa: F401
 
     if not internals.fork_is_safe():
-        path.with_suffix(".refused").write_text(
+        base.with_suffix(".refused").write_text(
             "importing torch and Inductor initialised CUDA's driver here; a child forked from it cannot use CUDA, so "
             "builds run in their own process\n"
         )
