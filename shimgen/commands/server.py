@@ -10,8 +10,11 @@ locks are the same; the server adds none.
 
 One server per user, Python, torch, shimgen and import-time environment (`server_key`), started on demand by the
 first build that finds none, stopped after `SHIMGEN_SERVER_IDLE` seconds (default 600) without a build. The server
-holds `<key>.lock` while it lives, so that two clients starting one at once leave one; a server that died leaves a
-socket nobody answers, and its client builds in its own process. `SHIMGEN_SERVER=off` builds in-process always.
+holds `<key>.lock` (beside its log, in the per-user cache) while it lives, so that two clients starting one at once
+leave one, and listens on `$TMPDIR/shimgen-<uid>/<key>.sock`; a server that died leaves a socket nobody answers, and
+its client builds in its own process. Where importing Inductor has asked the CUDA driver anything, no child could use
+CUDA: the server then refuses (`<key>.refused`) and builds run in their own process. `SHIMGEN_SERVER=off` builds
+in-process always.
 """
 
 from __future__ import annotations

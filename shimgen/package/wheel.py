@@ -115,7 +115,10 @@ def wheel_tag() -> str:
     cp311-cp311-linux_x86_64."""
     interpreter = f"{sys.implementation.name[:2]}{sys.version_info.major}{sys.version_info.minor}"
     soabi = sysconfig.get_config_var("SOABI") or ""
-    abi = interpreter if soabi.startswith("cpython-") else soabi.split("-")[0].replace(".", "_") or "none"
+    # cpython-311-x86_64-linux-gnu -> cp311 (cpython-313t-... -> cp313t, the free-threaded ABI)
+    abi = (
+        f"cp{soabi.split('-')[1]}" if soabi.startswith("cpython-") else soabi.split("-")[0].replace(".", "_") or "none"
+    )
     return f"{interpreter}-{abi}-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}"
 
 
