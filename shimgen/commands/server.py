@@ -10,8 +10,8 @@ locks are the same; the server adds none.
 
 One server per user, Python, torch, shimgen and import-time environment (`server_key`), started on demand by the
 first build that finds none, stopped after `SHIMGEN_SERVER_IDLE` seconds (default 600) without a build. The server
-holds `<key>.lock` (beside its log, in the per-user cache) while it lives, so that two clients starting one at once
-leave one, and listens on `$TMPDIR/shimgen-<uid>/<key>.sock`; a server that died leaves a socket nobody answers, and
+holds `<key>.lock` while it lives, so that two clients starting one at once leave one, and listens on `<key>.sock`,
+both in `$TMPDIR/shimgen-<uid>/` (`server_dir`); a server that died leaves a socket nobody answers, and
 its client builds in its own process. Where importing Inductor has asked the CUDA driver anything, no child could use
 CUDA: the server then refuses (`<key>.refused`) and builds run in their own process. `SHIMGEN_SERVER=off` builds
 in-process always.
@@ -50,17 +50,24 @@ def server_key(env: dict[str, str]) -> str:
     except importlib.metadata.PackageNotFoundError:
         torch_version = ""
     imported_under = sorted((k, v) for k, v in env.items() if k.startswith(_IMPORT_ENV) and not k.endswith("CACHE_DIR"))
+    from shimgen.toolchain import cache_dir
+
     text = json.dumps(
-        [str(server_dir()), sys.executable, sys.version, torch_version, shimgen_fingerprint(), imported_under]
+        [str(cache_dir()), sys.executable, sys.version, torch_version, shimgen_fingerprint(), imported_under]
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def server_dir() -> Path:
-    """Per user: $SHIMGEN_CACHE_DIR/../server, else $XDG_CACHE_HOME/shimgen/server."""
-    from shimgen.toolchain import cache_dir
-
-    return cache_dir().parent / "server"
+def server_dir() -> Path | None:
+    """This user's servers' sockets, locks and logs: `$TMPDIR/shimgen-<uid>/` (mode 0700, checked), a short path since
+    a socket's holds 108 bytes, and no part of the per-user cache; None where there is no such place."""
+    directory = Path(tempfile.gettempdir()) / f"shimgen-{os.getuid()}"
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        info = directory.stat()
+    except OSError:
+        return None
+    return directory if info.st_uid == os.getuid() and not info.st_mode & 0o077 else None
 
 
 def hand_over(argv: list[str]) -> int | None:
@@ -70,7 +77,10 @@ def hand_over(argv: list[str]) -> int | None:
         "SHIMGEN_SERVER_CHILD"
     ):
         return None
-    base = server_dir() / server_key(dict(os.environ))
+    directory = server_dir()
+    if directory is None:
+        return None
+    base = directory / server_key(dict(os.environ))
     path = socket_path(base)
     if path is None or base.with_suffix(".refused").exists():
         return None
@@ -93,17 +103,7 @@ def hand_over(argv: list[str]) -> int | None:
 
 
 def socket_path(base: Path) -> Path | None:
-    """Where the server of `base` (its lock, log and key) listens: a short path, since a socket's holds 108 bytes, in a
-    directory of this user's alone; None where there is no such place."""
-    directory = Path(tempfile.gettempdir()) / f"shimgen-{os.getuid()}"
-    try:
-        directory.mkdir(mode=0o700, exist_ok=True)
-        info = directory.stat()
-    except OSError:
-        return None
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        return None
-    path = directory / f"{base.name}.sock"
+    path = base.with_suffix(".sock")
     return path if len(os.fsencode(path)) <= _SOCKET_LIMIT else None
 
 
