@@ -584,7 +584,7 @@ def edit_loop(key: str, tmp: Path, user_cache: Path, report: Report) -> dict[str
     aoti_wall, out = run([sys.executable, "-c", script], fresh_env(tmp, f"loop-aoti-{key}", user_cache), cwd=REPO)
     aoti = json.loads(out)
     aoti_wall -= aoti["helpers"]
-    env = {**fresh_env(tmp, f"loop-{key}", user_cache), "SHIMGEN_SERVER": "off"}
+    env = fresh_env(tmp, f"loop-{key}", user_cache)
     cold_wall, cold = shimgen_build(spec, tmp / f"loop-out-{key}", env)
     report(
         f"\n## {label}: cold AOTI {aoti_wall:.1f}s (export {aoti['export']:.1f}, codegen + compile "
@@ -613,19 +613,22 @@ def edit_loop(key: str, tmp: Path, user_cache: Path, report: Report) -> dict[str
     return figures
 
 
-def loop_main(models: list[str], out: Path) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="shimgen-loop-"))
-    report = Report()
+def start_run(title: str) -> tuple[Path, Report, Path]:
+    """A run's scratch directory, its report headed by `title` and the machine, and its per-user cache."""
     import torch
 
+    tmp = Path(tempfile.mkdtemp(prefix="shimgen-bench-"))
+    report = Report()
     report(
-        f"# build_time.py --loop, {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
+        f"# {title}, {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, python {platform.python_version()}"
     )
-    user_cache = tmp / "user-cache"
-    wall, _ = shimgen_build(
-        MODELS["resnet"][1], tmp / "first", {**fresh_env(tmp, "first", user_cache), "SHIMGEN_SERVER": "off"}
-    )
+    return tmp, report, tmp / "user-cache"
+
+
+def loop_main(models: list[str], out: Path) -> None:
+    tmp, report, user_cache = start_run("build_time.py --loop")
+    wall, _ = shimgen_build(MODELS["resnet"][1], tmp / "first", fresh_env(tmp, "first", user_cache))
     report(f"per-user cache (toolchain probe, prebuilt headers) warmed first, not counted: {wall:.1f}s")
     for key in models:  # an example project's lockfile is committed: written once here where it is missing
         spec = MODELS[key][1]
@@ -662,16 +665,7 @@ def main() -> None:
     if args.loop:
         loop_main(args.models, args.out)
         return
-    tmp = Path(tempfile.mkdtemp(prefix="shimgen-bench-"))
-    report = Report()
-
-    import torch
-
-    report(
-        f"# build_time.py, {time.strftime('%Y-%m-%d %H:%M')}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, torch {torch.__version__}, python {platform.python_version()}"
-    )
-    user_cache = tmp / "user-cache"
+    tmp, report, user_cache = start_run("build_time.py")
 
     specs = [spec for _, spec in MODELS.values()] + [REPO / "projects" / "zoo.toml"]
     with lockfiles_kept(specs, tmp):
