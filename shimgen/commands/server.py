@@ -3,7 +3,7 @@ handed to it in a child forked from that state, so that an edit-rebuild loop doe
 start-up (3-6 s on 2 cores) at every build.
 
 The server itself never builds: it holds only imported modules (no thread of its own, no OpenMP team, no CUDA
-context), so each child starts as a fresh `shimgen build` would, less the imports, and imports the project's own
+driver asked anything), so each child starts as a fresh `shimgen build` would, less the imports, and imports the project's own
 modules itself (an edited model is always seen). A child runs with the client's arguments, working directory,
 environment and standard streams (passed over the socket), and its exit status is the client's. The build's own
 locks are the same; the server adds none.
@@ -137,7 +137,6 @@ def _connect(path: Path) -> socket.socket | None:
 
 
 def _start(base: Path, path: Path) -> socket.socket | None:
-    base.parent.mkdir(parents=True, exist_ok=True)
     with open(base.with_suffix(".log"), "ab") as log:
         server = subprocess.Popen(
             [sys.executable, "-m", "shimgen.commands.server", str(base)],
