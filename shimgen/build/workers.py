@@ -154,12 +154,14 @@ def _forked(
             answer: Any = ready
             k, process = running.pop(answer)
             try:
-                outcome = answer.recv()
+                outcome = answer.recv()  # before the join: a large result fills the pipe until read
             except EOFError:
-                process.join()
-                outcome = RuntimeError(f"a worker process died (exit status {process.exitcode}) before it answered")
+                outcome = None
             process.join()
-            yield k, outcome
+            yield (
+                k,
+                outcome or RuntimeError(f"a worker process died (exit status {process.exitcode}) before it answered"),
+            )
 
 
 def _send_outcome(sender: Any, work: Callable[[T], Any], task: T) -> None:
