@@ -841,7 +841,6 @@ def _wheel_from(shared: SharedCache, job: Job, key: str, units: list[Unit]) -> P
                 layout.dist,
                 layout.site,
                 job.spec.project.name,
-                job.tc,
                 key,
                 _module_dirs(job),
                 _verify_plan(job, units),
@@ -884,7 +883,7 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult, units:
     packaged = _cached(job, "package", PackageResult, key)
     if packaged is not None:
         return packaged
-    layout, tools = job.layout, job.tools()
+    layout = job.layout
     with job.timeline.stage("package"):
         packaged = package.build_and_unpack(
             layout.project,
@@ -892,7 +891,6 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult, units:
             layout.dist,
             layout.site,
             job.spec.project.name,
-            tools.tc,
             key,
             _module_dirs(job),
             _verify_plan(job, units),

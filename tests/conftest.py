@@ -99,6 +99,21 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def cache_sharing_the_toolchain(root: Path) -> Path:
+    """A per-user cache of its own under `root` (the value for $SHIMGEN_CACHE_DIR: a build server of its own, kernel
+    choices of its own) whose proved toolchains, prebuilt headers and runtime libraries are the session's: for a test
+    that checks something else than how those are built (about a minute of compiling each, on two cores)."""
+    from shimgen import toolchain
+
+    session = toolchain.cache_dir().parent
+    own = root / "cache"
+    own.mkdir(parents=True)
+    for part in ("toolchain", "prebuilt", "runtime"):
+        (session / part).mkdir(parents=True, exist_ok=True)
+        (own / part).symlink_to(session / part)
+    return own / "toolchain"
+
+
 def build_json(spec: Path, out: Path) -> dict[str, Any]:
     result = shimgen("build", spec, "--out", out, "--json")
     assert result.returncode == 0, result.stderr

@@ -4,8 +4,13 @@ caller judges the exit status."""
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
 import signal
 import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,3 +77,98 @@ def run(
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"$ {' '.join(command)}\n{output}")
     return Completed(tuple(command), returncode, output, log)
+
+
+@dataclass(frozen=True)
+class _Spare:
+    pid: int
+    request: int  # the pipe it reads its one request from
+    modules: frozenset[str]  # what it has imported
+
+
+_spare: _Spare | None = None
+
+
+def fork_spare_interpreter() -> None:
+    """Fork a child that later runs one Python function in place of a new interpreter (`run_python`). Called where
+    this process is what a new interpreter would be once it has imported torch (a build server's child, before the
+    build): a build then does not pay again for starting Python and importing torch to check its package."""
+    global _spare
+    read, write = os.pipe()
+    modules = frozenset(sys.modules)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the spare; run_python's callers test what it runs)
+        os.close(write)
+        os._exit(_serve_one_request(read))
+    os.close(read)
+    _spare = _Spare(pid, write, modules)
+
+
+def _serve_one_request(pipe: int) -> int:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: it goes with the build
+    except (OSError, AttributeError):
+        pass
+    data = b""
+    while chunk := os.read(pipe, 1 << 16):
+        data += chunk
+    if not data:  # the build ended without needing it
+        return 0
+    request = json.loads(data)
+    output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    for fd in (1, 2):
+        os.dup2(output, fd)
+    sys.stdout, sys.stderr = open(1, "w", closefd=False), open(2, "w", closefd=False)  # noqa: SIM115
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    module, _, function = request["function"].partition(":")
+    code = 1
+    try:
+        code = getattr(importlib.import_module(module), function)(request["argv"])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001  (a traceback, as a new interpreter would print it)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+def run_python(function: str, argv: Sequence[str], *, fresh: Sequence[str] = ()) -> Completed:
+    """`module:function`(argv) in a new interpreter of this Python, its return value the exit status; run in the
+    spare interpreter where there is one that has not imported the `fresh` modules (they must be imported anew)."""
+    global _spare
+    spare, _spare = _spare, None
+    if spare is None or any(name.partition(".")[0] in spare.modules for name in fresh):
+        module, _, name = function.partition(":")
+        root = str(Path(__file__).parents[2])  # this shimgen, on sys.path only while its module is imported
+        script = (
+            f"import sys; sys.path.insert(0, {root!r}); import {module} as m; sys.path.remove({root!r}); "
+            f"sys.exit(m.{name}(sys.argv[1:]))"
+        )
+        if spare is not None:
+            os.close(spare.request)
+            os.waitpid(spare.pid, 0)
+        return run([sys.executable, "-c", script, *argv])
+    with tempfile.NamedTemporaryFile(prefix="shimgen-spare-", suffix=".log") as output:
+        request = {"function": function, "argv": list(argv), "output": output.name, "env": dict(os.environ)}
+        request["cwd"] = os.getcwd()
+        data = memoryview(json.dumps(request).encode())
+        try:
+            while data:
+                data = data[os.write(spare.request, data) :]
+        finally:
+            os.close(spare.request)
+        _, status = os.waitpid(spare.pid, 0)
+        return Completed(
+            ("spare interpreter", function, *argv),
+            os.waitstatus_to_exitcode(status),
+            Path(output.name).read_text(errors="replace"),
+            None,
+        )

@@ -16,12 +16,13 @@ import traceback
 from pathlib import Path
 
 from shimgen import devices, toolchain
+from shimgen.build import process
 from shimgen.cache import shared_cache
 from shimgen.commands import ci_workflow, matrix, report, server
 from shimgen.commands.check import compare
 from shimgen.errors import BuildError, UserError
 from shimgen.files import exclusive
-from shimgen.inductor import kernel_choice
+from shimgen.inductor import internals, kernel_choice
 from shimgen.package import merge
 from shimgen.pipeline import BuildOutput, Layout, build
 from shimgen.spec import load_spec
@@ -35,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         handed = server.hand_over(sys.argv[1:])
         if handed is not None:
             return handed
+        # The build runs here. The interpreter that checks its package is forked now, once torch is imported (by
+        # fork_is_safe) and before the build has run anything.
+        if internals.fork_is_safe():
+            process.fork_spare_interpreter()
     parser = _parser()
     args = parser.parse_args(argv)
     try:

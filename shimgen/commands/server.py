@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from shimgen.build import process
 from shimgen.files import shimgen_fingerprint
 from shimgen.inductor import internals
 
@@ -291,6 +292,7 @@ def _run_child(request: dict[str, object], fds: list[int]) -> int:
         os.environ.clear()
         os.environ.update({**env, "SHIMGEN_SERVER_CHILD": "1"})
         os.chdir(cwd)
+        process.fork_spare_interpreter()
         sys.argv = ["shimgen", *argv]
         from shimgen.commands.cli import main
 

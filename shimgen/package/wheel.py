@@ -42,12 +42,11 @@ else:  # pragma: no cover
 from packaging.utils import canonicalize_name
 
 from shimgen.build.meson import ZIP_EPOCH, install_plan, source_date_epoch
-from shimgen.build.process import run
+from shimgen.build.process import run_python
 from shimgen.errors import BuildError
 from shimgen.files import replace_dir
 from shimgen.package import verify
 from shimgen.results import PackageResult
-from shimgen.toolchain import Toolchain
 
 # Whether to deflate a member is judged on a sample of this many bytes: the whole member when it is smaller, else
 # _SAMPLE_CHUNKS pieces taken at the middles of equal strides over it. An extension module with compiled-in weights
@@ -66,7 +65,6 @@ def build_and_unpack(
     dist: Path,
     site: Path,
     name: str,
-    tc: Toolchain,
     key: str,
     module_dirs: tuple[Path, ...] = (),
     plan: verify.Plan | None = None,
@@ -89,7 +87,7 @@ def build_and_unpack(
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
         wheel = Path(tmp) / f"{distribution}-{tag}.whl"
         write_wheel(wheel, members)
-        return _install(wheel, staging, dist, site, name, tc, key, module_dirs, plan)
+        return _install(wheel, staging, dist, site, name, key, module_dirs, plan)
 
 
 def planned_members(build_dir: Path) -> dict[str, Path]:
@@ -206,35 +204,17 @@ def _unpack(wheel: Path, staging: Path) -> None:
         member.chmod(0o755)
 
 
-# This shimgen's verify module, imported from where this shimgen is; its directory is taken off sys.path again.
-_VERIFY = (
-    "import sys; sys.path.insert(0, sys.argv[1]); from shimgen.package import verify; sys.path.remove(sys.argv[1]); "
-    "sys.exit(verify.main(sys.argv[2:]))"
-)
-
-
-def _check(
-    staging: Path, name: str, tc: Toolchain, module_dirs: tuple[Path, ...], plan: verify.Plan | None
-) -> verify.Report:
+def _check(staging: Path, name: str, module_dirs: tuple[Path, ...], plan: verify.Plan | None) -> verify.Report:
     """The unpacked package imported in a fresh interpreter and, given a plan, its graphs run against their traced
-    programs
-    (shimgen/package/verify.py); where either fails, `staging` is removed and the build fails."""
+    programs (shimgen/package/verify.py); where either fails, `staging` is removed and the build fails."""
     with tempfile.TemporaryDirectory(prefix="shimgen-verify-") as tmp:
         plan_file, report_file = Path(tmp) / "plan.pickle", Path(tmp) / "report.json"
         if plan is not None:
             plan_file.write_bytes(pickle.dumps(plan))
-        checked = run(
-            [
-                tc.python,
-                "-c",
-                _VERIFY,
-                str(Path(verify.__file__).parents[2]),
-                str(staging),
-                name,
-                str(report_file),
-                str(plan_file) if plan else "-",
-                *map(str, module_dirs),
-            ]
+        checked = run_python(
+            "shimgen.package.verify:main",
+            [str(staging), name, str(report_file), str(plan_file) if plan else "-", *map(str, module_dirs)],
+            fresh=(name, *(plan.op_modules if plan else ())),
         )
         report = verify.Report(**json.loads(report_file.read_text())) if report_file.is_file() else verify.Report()
     if checked.ok:
@@ -259,7 +239,6 @@ def install(
     dist: Path,
     site: Path,
     name: str,
-    tc: Toolchain,
     key: str,
     module_dirs: tuple[Path, ...] = (),
     plan: verify.Plan | None = None,
@@ -269,7 +248,7 @@ def install(
     dist.mkdir(parents=True, exist_ok=True)
     staging = site.with_name(site.name + ".new")
     _unpack(wheel, staging)
-    return _install(wheel, staging, dist, site, name, tc, key, module_dirs, plan)
+    return _install(wheel, staging, dist, site, name, key, module_dirs, plan)
 
 
 def _install(
@@ -278,12 +257,11 @@ def _install(
     dist: Path,
     site: Path,
     name: str,
-    tc: Toolchain,
     key: str,
     module_dirs: tuple[Path, ...],
     plan: verify.Plan | None,
 ) -> PackageResult:
-    report = _check(staging, name, tc, module_dirs, plan)
+    report = _check(staging, name, module_dirs, plan)
     final = dist / wheel.name
     wheel.replace(final)
     replace_dir(staging, site)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, build_json, edited, import_package, shimgen
+from conftest import REPO, build_json, cache_sharing_the_toolchain, edited, import_package, shimgen
 
 from shimgen import toolchain
 from shimgen.build import workers
@@ -252,25 +252,26 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
         assert result.returncode == 2 and "the model rejected the example inputs" in result.stderr
         spec.write_text(original)
 
-        # A compiler that fails on the binding: the message names the unit and its first error.
-        fake = tmp_path / "failing-c++"
+        # One compiler for the two failures below (one toolchain to prove and prebuild): on the binding it fails, or
+        # renames the module's init function, as the file `mode` says.
+        fake, mode = tmp_path / "c++", tmp_path / "mode"
         fake.write_text(
-            '#!/bin/sh\ncase "$*" in *binding.cpp*) echo "binding.cpp:1:1: error: injected failure" >&2; exit 1;; esac\nexec g++ "$@"\n'
+            f'#!/bin/sh\ncase "$*" in *binding.cpp*) case "$(cat {mode})" in\n'
+            '  fail) echo "binding.cpp:1:1: error: injected failure" >&2; exit 1;;\n'
+            '  rename) exec g++ -DPyInit__forward_cpu=PyInit_elsewhere "$@";;\nesac;; esac\nexec g++ "$@"\n'
         )
         fake.chmod(0o755)
+
+        # A compiler that fails on the binding: the message names the unit and its first error.
+        mode.write_text("fail")
         result = shimgen("build", spec, "--out", workdir, env={"CXX": str(fake)})
         assert result.returncode == 1, result.stderr
         assert "compile failed in" in result.stderr and "src/forward_cpu/binding.cpp" in result.stderr
         assert "error: injected failure" in result.stderr and "Traceback" not in result.stderr
 
         # A binding that compiles and links but does not import: the package stage refuses it.
-        renaming = tmp_path / "renaming-c++"
-        renaming.write_text(
-            '#!/bin/sh\ncase "$*" in *binding.cpp*) exec g++ -DPyInit__forward_cpu=PyInit_elsewhere "$@";; esac\n'
-            'exec g++ "$@"\n'
-        )
-        renaming.chmod(0o755)
-        result = shimgen("build", spec, "--out", workdir, env={"CXX": str(renaming)})
+        mode.write_text("rename")
+        result = shimgen("build", spec, "--out", workdir, env={"CXX": str(fake)})
         assert result.returncode == 1, result.stderr
         assert "the built package 'mlp' does not import; the previous package is left in place" in result.stderr
         assert "does not define module export function" in result.stderr and "Traceback" not in result.stderr
@@ -361,7 +362,7 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path, monkeyp
     crashing.chmod(0o755)
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "SHIMGEN_CACHE_DIR": str(tmp_path / "cache"),
+        "SHIMGEN_CACHE_DIR": str(cache_sharing_the_toolchain(tmp_path)),
         "CXX": "",
     }
     doctor = shimgen("doctor", env=env)
@@ -377,7 +378,7 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path, monkeyp
     assert f"warning: {crashing}" in build.stderr and "crash when loaded (signal 11)" in build.stderr
 
     # Only broken compilers: one message naming each failure and the fix.
-    monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SHIMGEN_CACHE_DIR", env["SHIMGEN_CACHE_DIR"])
     monkeypatch.setattr(toolchain, "candidate_compilers", lambda: [str(crashing)])
     with pytest.raises(UserError) as exc:
         probe.select()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import COMMAND, FAST_FLAGS, call_in_subprocess, edited, with_flags
+from conftest import COMMAND, FAST_FLAGS, cache_sharing_the_toolchain, call_in_subprocess, edited, with_flags
 
 from shimgen.spec import load_spec
 from shimgen.trace.entry import load_model, make_inputs
@@ -43,11 +43,7 @@ def project(workdir: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
             with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS), 'name = "mlp"', 'name = "served"'
         )
     )
-    cache = tmp_path / "cache" / "toolchain"
-    if os.environ.get("SHIMGEN_CACHE_DIR"):  # the toolchain cache the session has warmed, servers kept apart
-        cache.parent.mkdir()
-        cache.symlink_to(os.environ["SHIMGEN_CACHE_DIR"])
-    return spec, {"SHIMGEN_CACHE_DIR": str(cache), "SHIMGEN_SERVER_IDLE": "60"}
+    return spec, {"SHIMGEN_CACHE_DIR": str(cache_sharing_the_toolchain(tmp_path)), "SHIMGEN_SERVER_IDLE": "60"}
 
 
 def stop(*summaries: dict | None) -> None:

@@ -1,0 +1,70 @@
+"""The spare interpreter (shimgen/build/process.py): a child forked early that runs one Python call later, as a new
+interpreter would, where one has not imported what must be imported anew."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+
+HELPER = """
+import os, signal, sys
+
+def echo(argv):
+    print(" ".join(argv), os.environ.get("SHIMGEN_TEST_LATE"), os.getcwd(), "helper_imported_early" in sys.modules)
+    return 3
+
+def crash(argv):
+    os.kill(os.getpid(), signal.SIGSEGV)
+"""
+
+SCRIPT = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from shimgen.build import process
+if sys.argv[2] == "early":
+    import helper_imported_early
+process.fork_spare_interpreter()
+import helper  # after the fork: the spare imports it when asked
+os.environ["SHIMGEN_TEST_LATE"] = "set after the fork"
+os.chdir(sys.argv[3])
+ran = []
+for function in sys.argv[4].split(","):
+    done = process.run_python(function, ["a b", "c"], fresh=("helper_imported_early",))
+    ran.append([done.command[0], done.returncode, done.output.strip()])
+print(json.dumps(ran))
+"""
+
+
+def _run(tmp_path: Path, imported: str, *functions: str) -> list[list[object]]:
+    (tmp_path / "helper.py").write_text(HELPER)
+    (tmp_path / "helper_imported_early.py").write_text("")
+    (tmp_path / "cwd").mkdir(exist_ok=True)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(REPO), imported, str(tmp_path / "cwd"), ",".join(functions)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_the_spare_runs_the_first_call_with_the_callers_environment(tmp_path: Path) -> None:
+    first, second = _run(tmp_path, "late", "helper:echo", "helper:echo")
+    cwd = tmp_path / "cwd"
+    assert first == ["spare interpreter", 3, f"a b c set after the fork {cwd} False"]
+    assert second[1:] == [3, f"a b c set after the fork {cwd} False"], "then new interpreters"
+    assert second[0] != "spare interpreter"
+
+
+def test_a_crash_in_the_spare_reads_as_its_signal(tmp_path: Path) -> None:
+    assert _run(tmp_path, "late", "helper:crash") == [["spare interpreter", -11, ""]]
+
+
+def test_a_spare_that_imported_a_fresh_module_is_not_used(tmp_path: Path) -> None:
+    (first,) = _run(tmp_path, "early", "helper:echo")
+    assert first[0] != "spare interpreter" and first[1] == 3 and first[2].endswith("False")
