@@ -218,16 +218,17 @@ def load_graph(spec: Any, spec_dir: Path, name: str) -> GraphModel:
     return GraphModel(spec, spec_dir, index, load_model(spec.graph[index], f"graph[{index}]", spec_dir))
 
 
-def export_graph(gm: GraphModel) -> Any:
+def export_graph(gm: GraphModel, device: str = "cpu") -> Any:
     """The ExportedProgram shimgen compiles: the model wrapped to take the spec's inputs positionally and
-    return its tensors flat, exported at the example sizes with the spec's dims (backed size-oblivious)."""
+    return its tensors flat, exported on `device` at the example sizes with the spec's dims (backed size-oblivious)."""
     import torch
 
     from shimgen.trace import dims
     from shimgen.trace import export as trace
 
+    inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in gm.inputs()]
     with torch.no_grad():
-        return dims.export(trace._spec_order_module(gm.model, gm.graph), gm.inputs(), gm.graph, gm.where)
+        return dims.export(trace._spec_order_module(gm.model.to(device), gm.graph), inputs, gm.graph, gm.where)
 
 
 def aoti_binder(program: Any, path: Path, configs: dict[str, Any] | None = None) -> Binder:
