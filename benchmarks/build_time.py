@@ -633,10 +633,14 @@ def start_run(title: str) -> tuple[Path, Report, Path]:
 
 
 def on_device(spec: Path, device: str) -> None:
-    """`spec` (a copy) built for `device` instead of the CPU."""
+    """`spec` (a copy) built for `device` (for CUDA, this machine's GPU's architecture) instead of the CPU."""
     if device != "cpu":
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
         text = spec.read_text()
-        spec.write_text(text.replace('[[target]]\ndevice = "cpu"\nisa = "native"', f'[[target]]\ndevice = "{device}"'))
+        target = f'[[target]]\ndevice = "{device}"\narchs = ["sm_{major}{minor}"]'
+        spec.write_text(text.replace('[[target]]\ndevice = "cpu"\nisa = "native"', target))
         assert spec.read_text() != text, spec
 
 
