@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, build_json, cache_sharing_the_toolchain, edited, import_package, shimgen
+from conftest import build_json, cache_sharing_the_toolchain, edited, import_package, shimgen
 
 from shimgen import toolchain
 from shimgen.build import workers
@@ -345,7 +345,9 @@ def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
         torch.testing.assert_close(package.forward(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_rejects_a_compiler_whose_extensions_crash(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A compiler whose libraries segfault when loaded is caught in a subprocess and skipped."""
     real = shutil.which("g++")
     assert real, "these tests need g++"
@@ -371,9 +373,11 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(tmp_path: Path, monkeyp
     assert f"selected:       {crashing}" not in doctor.stdout and "selected:       none" not in doctor.stdout
 
     # CXX names the broken compiler: tried first, then another that works, with a warning.
-    build = shimgen(
-        "build", REPO / "projects" / "mlp.toml", "--out", tmp_path, "--json", env={**env, "CXX": str(crashing)}
-    )
+    spec = tmp_path / "spec" / "mlp.toml"  # a copy: its lockfile is written beside it
+    spec.parent.mkdir()
+    spec.write_text((workdir / "projects" / "mlp.toml").read_text())
+    (spec.parent / "models").symlink_to(workdir / "projects" / "models")
+    build = shimgen("build", spec, "--out", tmp_path, "--json", env={**env, "CXX": str(crashing)})
     assert build.returncode == 0, build.stderr
     assert f"warning: {crashing}" in build.stderr and "crash when loaded (signal 11)" in build.stderr
 
