@@ -574,10 +574,12 @@ EDIT_KINDS = {
 }
 
 
-def edit_loop(key: str, device: str, tmp: Path, user_cache: Path, report: Report) -> dict[str, Any]:
-    """Cold builds (AOTI and shimgen, fresh processes and Inductor and Triton caches, shimgen replaying the committed
-    lockfile, no build server), then edit-rebuilds in the same output directory with the build server on and off:
-    each edit made, rebuilt and timed, then taken back and rebuilt untimed."""
+def edit_loop(
+    key: str, device: str, servers: list[str], aoti_too: bool, tmp: Path, user_cache: Path, report: Report
+) -> dict[str, Any]:
+    """Cold builds (AOTI unless not `aoti_too`, and shimgen: fresh processes and Inductor and Triton caches, shimgen
+    replaying the committed lockfile, no build server), then edit-rebuilds in the same output directory with the build
+    server on and/or off: each edit made, rebuilt and timed, then taken back and rebuilt untimed."""
     label, spec = MODELS[key]
     projects = tmp / f"loop-{key}"
     shutil.copytree(REPO / "projects", projects, ignore=shutil.ignore_patterns("__pycache__"))
@@ -587,15 +589,17 @@ def edit_loop(key: str, device: str, tmp: Path, user_cache: Path, report: Report
     script = AOTI_SCRIPT.format(
         benchmarks=str(BENCHMARKS), spec=str(spec), graph=GRAPH, package=str(package), device=device
     )
-    aoti_wall, out = run([sys.executable, "-c", script], fresh_env(tmp, f"loop-aoti-{key}", user_cache), cwd=REPO)
-    aoti = json.loads(out)
-    aoti_wall -= aoti["helpers"]
+    aoti_line, aoti_wall = "not built (--no-aoti)", float("nan")
+    if aoti_too:
+        aoti_wall, out = run([sys.executable, "-c", script], fresh_env(tmp, f"loop-aoti-{key}", user_cache), cwd=REPO)
+        aoti = json.loads(out)
+        aoti_wall -= aoti["helpers"]
+        aoti_line = f"{aoti_wall:.1f}s (export {aoti['export']:.1f}, codegen + compile {aoti['compile']:.1f})"
     env = fresh_env(tmp, f"loop-{key}", user_cache)
     cold_wall, cold = shimgen_build(spec, tmp / f"loop-out-{key}", env)
     report(
-        f"\n## {label}: cold AOTI {aoti_wall:.1f}s (export {aoti['export']:.1f}, codegen + compile "
-        f"{aoti['compile']:.1f}); cold shimgen {cold_wall:.1f}s = {cold_wall / aoti_wall:.2f}x; stages (s) "
-        f"{stage_line(cold)}"
+        f"\n## {label}: cold AOTI {aoti_line}; cold shimgen {cold_wall:.1f}s = {cold_wall / aoti_wall:.2f}x; "
+        f"stages (s) {stage_line(cold)}"
     )
     model_file, line, assign = EDITS[key]
     source = projects / model_file
@@ -606,7 +610,7 @@ def edit_loop(key: str, device: str, tmp: Path, user_cache: Path, report: Report
     for kind, edits in EDIT_KINDS.items():
         edited = original.replace(line, f"{assign}\n    {edits[key]}\n    return model")
         assert edited != original, line
-        for server in ("on", "off"):
+        for server in servers:
             source.write_text(edited)
             wall, summary = shimgen_build(spec, tmp / f"loop-out-{key}", {**served, "SHIMGEN_SERVER": server})
             source.write_text(original)
@@ -646,7 +650,7 @@ def on_device(spec: Path, device: str) -> None:
         spec.write_text(re.sub(r"(?m)^(atol|rtol) = .*$", r"\1 = 1e-2", on_gpu))
 
 
-def loop_main(models: list[str], device: str, out: Path) -> None:
+def loop_main(models: list[str], device: str, servers: list[str], aoti_too: bool, out: Path) -> None:
     tmp, report, user_cache = start_run(f"build_time.py --loop --device {device}")
     first = tmp / "first" / "resnet.toml"
     shutil.copytree(REPO / "projects", first.parent, ignore=shutil.ignore_patterns("__pycache__"))
@@ -658,12 +662,12 @@ def loop_main(models: list[str], device: str, out: Path) -> None:
         if not spec.with_name(spec.name + ".lock").is_file():
             wall, _ = shimgen_build(spec, tmp / f"lock-{key}", fresh_env(tmp, f"lock-{key}", user_cache))
             report(f"{spec.name}.lock written by a first build (not counted): {wall:.1f}s")
-    results = [edit_loop(key, device, tmp, user_cache, report) for key in models]
+    results = [edit_loop(key, device, servers, aoti_too, tmp, user_cache, report) for key in models]
     report("\n| figure | " + " | ".join(r["label"] for r in results) + " | goal |")
     report("| --- " * (len(results) + 1) + "| --- |")
     report("| cold shimgen / AOTI | " + " | ".join(f"{r['cold'] / r['aoti']:.2f}" for r in results) + " | <= 0.6 |")
     for kind in EDIT_KINDS:
-        for server in ("on", "off"):
+        for server in servers:
             report(
                 f"| {kind} edit-rebuild / shimgen cold, server {server} | "
                 + " | ".join(f"{r[f'{kind} {server}'] / r['cold']:.2f}" for r in results)
@@ -685,9 +689,13 @@ def main() -> None:
         help="only cold builds and edit-rebuilds, build server on and off (build_loop.md)",
     )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the device the loop builds for")
+    parser.add_argument(
+        "--servers", nargs="+", choices=["on", "off"], default=["on", "off"], help="the loop's build server settings"
+    )
+    parser.add_argument("--no-aoti", action="store_true", help="the loop without AOTInductor's cold build")
     args = parser.parse_args()
     if args.loop:
-        loop_main(args.models, args.device, args.out)
+        loop_main(args.models, args.device, args.servers, not args.no_aoti, args.out)
         return
     tmp, report, user_cache = start_run("build_time.py")
 
