@@ -28,13 +28,7 @@ from shimgen.trace import variants
 TEMPLATES = Path(__file__).parent / "templates"
 RUNTIME = Path(__file__).parents[1] / "runtime"  # shipped or compiled as they are
 TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meson project shimgen writes
-PROBE_FILES = (
-    "probe.cpp",
-    "check_probe.py",
-    "shimgen_runtime.cpp",
-    "shimgen_runtime.h",
-    "shimgen_handles.h",
-)  # under RUNTIME
+PROBE_FILES = ("probe.cpp", "check_probe.py")  # under RUNTIME
 # What __init__.py is rendered from, shipped beside it as BUILD_MANIFEST for `shimgen merge`.
 INIT_CONTEXT = (
     "name",

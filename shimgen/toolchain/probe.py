@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from shimgen import toolchain
-from shimgen.build.meson import BuildFailure, build, target_file
+from shimgen.build.meson import BuildFailure, build
 from shimgen.build.process import run
 from shimgen.errors import UserError
 from shimgen.files import exclusive, shimgen_fingerprint, stage_key, write_if_changed
@@ -29,7 +29,6 @@ class Verdict:
     identity: str
     ok: bool
     reason: str = ""
-    runtime_lib: str = ""  # when ok: shimgen's runtime library, built and loaded by the probe, that every package links
 
 
 def select(waiting: Callable[[str], None] | None = None) -> tuple[Toolchain, list[Verdict]]:
@@ -57,9 +56,7 @@ def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[
     stamp = probe_dir / "verdict.json"
     with exclusive(cache / f"{key}.lock", waiting):
         if stamp.is_file() and not refresh:
-            cached = Verdict(**json.loads(stamp.read_text()))
-            if not cached.ok or Path(cached.runtime_lib).is_file():
-                return cached
+            return Verdict(**json.loads(stamp.read_text()))
         shutil.rmtree(probe_dir, ignore_errors=True)
         source, build_dir = probe_dir / "src", probe_dir / "build"
         render.render_probe(tc, source)
@@ -92,7 +89,6 @@ def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdi
             identity=tc.cxx_identity,
             ok=True,
             reason="builds and loads the probe",
-            runtime_lib=str(target_file(build_dir, "shimgen_runtime")),
         ), True
     if loaded.signal:
         return Verdict(
