@@ -772,7 +772,7 @@ def test_render_probe_writes_the_probe_project(tmp_path: Path) -> None:
     mparser.Parser(meson_build, "meson.build").parse()  # valid Meson, quotes in the paths notwithstanding
     for path in (*tc.torch_includes, tc.torch_lib):
         assert escape.meson(path) in meson_build, path
-    assert "static_library('shimgen_runtime'" in meson_build
+    assert "py.extension_module('shimgen_probe', 'probe.cpp'" in meson_build
 
     # Rendering the same toolchain again rewrites nothing (ninja would rebuild the probe otherwise).
     old = 1_000_000_000_000_000_000
