@@ -99,6 +99,15 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def spec_of_its_own(workdir: Path, spec: Path, text: str) -> Path:
+    """`text` written to `spec`, with the workdir's models importable beside it: a test's own spec, whose lockfile
+    and edits stay in the test's directory."""
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(text)
+    (spec.parent / "models").symlink_to(workdir / "projects" / "models")
+    return spec
+
+
 def cache_sharing_the_toolchain(root: Path) -> Path:
     """A per-user cache of its own under `root` (the value for $SHIMGEN_CACHE_DIR: a build server of its own, kernel
     choices of its own) whose proved toolchains, prebuilt headers and runtime libraries are the session's: for a test

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, cache_sharing_the_toolchain, edited, import_package, shimgen
+from conftest import build_json, cache_sharing_the_toolchain, edited, import_package, shimgen, spec_of_its_own
 
 from shimgen import toolchain
 from shimgen.build import workers
@@ -373,10 +373,7 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(
     assert f"selected:       {crashing}" not in doctor.stdout and "selected:       none" not in doctor.stdout
 
     # CXX names the broken compiler: tried first, then another that works, with a warning.
-    spec = tmp_path / "spec" / "mlp.toml"  # a copy: its lockfile is written beside it
-    spec.parent.mkdir()
-    spec.write_text((workdir / "projects" / "mlp.toml").read_text())
-    (spec.parent / "models").symlink_to(workdir / "projects" / "models")
+    spec = spec_of_its_own(workdir, tmp_path / "spec" / "mlp.toml", (workdir / "projects" / "mlp.toml").read_text())
     build = shimgen("build", spec, "--out", tmp_path, "--json", env={**env, "CXX": str(crashing)})
     assert build.returncode == 0, build.stderr
     assert f"warning: {crashing}" in build.stderr and "crash when loaded (signal 11)" in build.stderr

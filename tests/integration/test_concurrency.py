@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import COMMAND, FAST_FLAGS, REPO, call_in_subprocess, edited, shimgen, with_flags
+from conftest import COMMAND, FAST_FLAGS, REPO, call_in_subprocess, edited, shimgen, spec_of_its_own, with_flags
 
 from shimgen import toolchain
 from shimgen.spec import load_spec
@@ -32,13 +32,14 @@ def _eager(spec: Path, sizes: dict[str, int]) -> tuple[list[torch.Tensor], torch
 
 def test_builds_at_once_on_an_empty_cache(workdir: Path, tmp_path: Path) -> None:
     env = {"SHIMGEN_CACHE_DIR": str(tmp_path / "cache" / "toolchain")}
-    mlp, geometry = workdir / "projects" / "mlp.toml", tmp_path / "geometry.toml"
-    geometry.write_text(
+    mlp = workdir / "projects" / "mlp.toml"
+    geometry = spec_of_its_own(
+        workdir,
+        tmp_path / "geometry.toml",
         with_flags(
             edited((REPO / "projects" / "multi.toml").read_text(), 'name = "multi"', 'name = "geometry"'), **FAST_FLAGS
-        )
+        ),
     )
-    (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     jobs = [(mlp, tmp_path / "a"), (mlp, tmp_path / "a"), (geometry, tmp_path / "b")]
     procs = [
         subprocess.Popen(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, edited, import_package, shimgen
+from conftest import build_json, edited, import_package, shimgen, spec_of_its_own
 from cpp_program import cmake_built_program, read_tensors, run_graph
 
 from shimgen.spec import load_spec
@@ -355,12 +355,12 @@ def test_per_target_wheels_merge_into_the_multi_target_package(
 
 
 def test_load_weights_on_cuda_recaptures_the_cuda_graph(workdir: Path, tmp_path: Path) -> None:
-    spec = tmp_path / "graphs_refit.toml"
-    spec.write_text(
+    spec = spec_of_its_own(
+        workdir,
+        tmp_path / "graphs_refit.toml",
         edited((workdir / "projects" / "gpu_graphs.toml").read_text(), 'name = "gpu_graphs"', 'name = "graphs_refit"')
-        + "freezing = false\n"
+        + "freezing = false\n",
     )
-    (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     summary = build_json(spec, tmp_path)
     assert (Path(summary["package_dir"]) / "graphs_refit" / "mlp_cuda.safetensors").is_file()
     package = import_package(summary)
@@ -379,8 +379,9 @@ def test_load_weights_on_cuda_recaptures_the_cuda_graph(workdir: Path, tmp_path:
 def test_specialized_variants_on_cuda_are_captured_and_share_weights(workdir: Path, tmp_path: Path) -> None:
     """Batch 1 and 8 run captured static variants, other batches the dynamic code; the GPU holds one copy of the weights
     for all three, and load_weights reaches each."""
-    spec = tmp_path / "cuda_variants.toml"
-    spec.write_text(
+    spec = spec_of_its_own(
+        workdir,
+        tmp_path / "cuda_variants.toml",
         edited(
             edited(
                 edited(
@@ -402,9 +403,8 @@ def test_specialized_variants_on_cuda_are_captured_and_share_weights(workdir: Pa
             '{ name = "scale", shape = [32], keyword = true },\n]',
             '{ name = "scale", shape = [32], keyword = true },\n]\ndims = { batch = { min = 1, max = 16, specialize = [2] } }',
         )
-        + "freezing = false\n"
+        + "freezing = false\n",
     )
-    (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     summary = build_json(spec, tmp_path)
     package = import_package(summary)
     model, _ = eager(spec, 0, "cuda")

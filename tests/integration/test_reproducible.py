@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import COMMAND, REPO, with_flags
+from conftest import COMMAND, REPO, spec_of_its_own, with_flags
 
 pytestmark = pytest.mark.slow
 
@@ -32,11 +32,7 @@ _PER_USER = (
 
 def _spec_without_autotuning(workdir: Path, tmp_path: Path) -> Path:
     text = with_flags((workdir / "projects" / "mlp.toml").read_text(), gemm_autotune="false")
-    spec = tmp_path / "spec" / "mlp.toml"
-    spec.parent.mkdir()
-    spec.write_text(text)
-    (spec.parent / "models").symlink_to(workdir / "projects" / "models")
-    return spec
+    return spec_of_its_own(workdir, tmp_path / "spec" / "mlp.toml", text)
 
 
 def _build_as(user: Path, spec: Path, out: Path) -> subprocess.Popen[str]:

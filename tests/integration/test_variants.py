@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, shimgen
+from conftest import build_json, shimgen, spec_of_its_own
 
 pytestmark = pytest.mark.slow
 
@@ -184,8 +184,9 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
     """With freezing, a static convolution's weights are packed for oneDNN at build time: the variant's own entries,
     next to
     the dynamic code's, and `shimgen check` compares the variant with eager."""
-    spec = tmp_path / "convs.toml"
-    spec.write_text(
+    spec = spec_of_its_own(
+        workdir,
+        tmp_path / "convs.toml",
         textwrap.dedent("""
         [project]
         name = "convs"
@@ -200,9 +201,8 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
         [flags]
         gemm_autotune = false
         kernel_opt = "O1"
-    """)
+    """),
     )
-    (tmp_path / "models").symlink_to(workdir / "projects" / "models")
     result = shimgen("check", spec, "--out", tmp_path / "out", "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
