@@ -585,12 +585,12 @@ def edit_loop(
     shutil.copytree(REPO / "projects", projects, ignore=shutil.ignore_patterns("__pycache__"))
     spec = projects / spec.name
     on_device(spec, device)
-    package = tmp / f"loop-{key}.pt2"
-    script = AOTI_SCRIPT.format(
-        benchmarks=str(BENCHMARKS), spec=str(spec), graph=GRAPH, package=str(package), device=device
-    )
     aoti_line, aoti_wall = "not built (--no-aoti)", float("nan")
     if aoti_too:
+        package = tmp / f"loop-{key}.pt2"
+        script = AOTI_SCRIPT.format(
+            benchmarks=str(BENCHMARKS), spec=str(spec), graph=GRAPH, package=str(package), device=device
+        )
         aoti_wall, out = run([sys.executable, "-c", script], fresh_env(tmp, f"loop-aoti-{key}", user_cache), cwd=REPO)
         aoti = json.loads(out)
         aoti_wall -= aoti["helpers"]

@@ -157,8 +157,13 @@ def run_python(function: str, argv: Sequence[str], *, fresh: Sequence[str] = ())
             os.waitpid(spare.pid, 0)
         return run([sys.executable, "-c", script, *argv])
     with tempfile.NamedTemporaryFile(prefix="shimgen-spare-", suffix=".log") as output:
-        request = {"function": function, "argv": list(argv), "output": output.name, "env": dict(os.environ)}
-        request["cwd"] = os.getcwd()
+        request = {
+            "function": function,
+            "argv": list(argv),
+            "output": output.name,
+            "env": dict(os.environ),
+            "cwd": os.getcwd(),
+        }
         data = memoryview(json.dumps(request).encode())
         try:
             while data:

@@ -158,10 +158,9 @@ def _forked(
             except EOFError:
                 outcome = None
             process.join()
-            yield (
-                k,
-                outcome or RuntimeError(f"a worker process died (exit status {process.exitcode}) before it answered"),
-            )
+            if outcome is None:
+                outcome = RuntimeError(f"a worker process died (exit status {process.exitcode}) before it answered")
+            yield k, outcome
 
 
 def _send_outcome(sender: Any, work: Callable[[T], Any], task: T) -> None:

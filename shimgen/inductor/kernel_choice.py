@@ -52,7 +52,7 @@ def kind(choice_name: str, extern: bool) -> str:
 class Recording:
     choices: list[KernelChoice] = field(default_factory=list)
     untimed: dict[tuple[str, ...], int] = field(default_factory=dict)  # GEMM sizes given the library kernel -> count
-    asked: set[int] = field(default_factory=set)
+    asked: dict[int, Any] = field(default_factory=dict)  # the GEMMs' output layouts by id, kept so no id is reused
     timings: Timings = field(
         default_factory=dict
     )  # every timing record Inductor's selections used, in the lockfile's shape
@@ -147,7 +147,7 @@ def _gated(original: Any, recording: Recording) -> Any:
         if rows < CPU_LIBRARY_ROWS:
             return True
         if id(layout) not in recording.asked:  # a lowering may ask twice about one GEMM (one output layout)
-            recording.asked.add(id(layout))
+            recording.asked[id(layout)] = layout
             sizes = (_sizes(V.graph, mat1), _sizes(V.graph, mat2))
             recording.untimed[sizes] = recording.untimed.get(sizes, 0) + 1
         return False
