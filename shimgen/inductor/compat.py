@@ -223,6 +223,13 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         _source_holds(f"{_INDUCTOR}.constant_folding", "ConstantFolder.__init__", "self.unknown_value"),
     ),
     Requirement(
+        "Inductor's KernelTemplate._template_from_string",
+        CODEGEN,
+        _attribute(
+            f"{_INDUCTOR}.codegen.common", "KernelTemplate._template_from_string", ("source",), exact=True, static=True
+        ),
+    ),
+    Requirement(
         "Inductor's CppKernel.decide_parallel_depth",
         CODEGEN,
         _attribute(
