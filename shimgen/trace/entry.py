@@ -7,6 +7,7 @@ sys.path and sys.modules as it found them and records every project file read me
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -94,7 +95,7 @@ def project_scope(spec_dir: Path) -> Iterator[set[Path]]:
             return
     _watch_opens()
     saved_path = list(sys.path)
-    set_aside = _project_modules(spec_dir)
+    set_aside = _project_modules(spec_dir) | _shadowing(spec_dir)
     for name in set_aside:
         del sys.modules[name]
     sys.path.insert(0, str(spec_dir))
@@ -119,8 +120,27 @@ def _project_modules(spec_dir: Path) -> dict[str, Any]:
     }
 
 
+def _shadowing(spec_dir: Path) -> dict[str, Any]:
+    """Modules imported from elsewhere (another project's, kept by import_once) under a top-level name that the spec's
+    directory has a module or package of its own for: left in sys.modules, `models` of another project would be the
+    package that `import models.mlp` looks in."""
+    tops = {name.partition(".")[0] for name in sys.modules}
+    tops = {top for top in tops if (spec_dir / top).is_dir() or (spec_dir / f"{top}.py").is_file()}
+    return {
+        name: m
+        for name, m in list(sys.modules.items())
+        if name.partition(".")[0] in tops and not _under(getattr(m, "__file__", None), spec_dir)
+    }
+
+
 def _under(path: str | None, directory: Path) -> bool:
-    return path is not None and Path(path).resolve().is_relative_to(directory)
+    return path is not None and Path(_real_path(path)).is_relative_to(directory)
+
+
+@functools.cache
+def _real_path(path: str) -> str:
+    """A module file's real path: asked for every module in sys.modules at each project scope (seconds, uncached)."""
+    return os.path.realpath(path)
 
 
 def _watch_opens() -> None:

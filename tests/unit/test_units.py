@@ -8,6 +8,7 @@ asserts exact outputs or properties that a wrong implementation breaks.
 from __future__ import annotations
 
 import array
+import importlib
 import os
 import random
 import re
@@ -982,3 +983,28 @@ def test_timing_candidates_keeps_their_inputs_symbolic_sizes() -> None:
     assert mat2.layout.size == [batch, 32, 49] and mat2.layout.size is view_size
     assert mat1.layout.size == [batch, 49, 32]
     assert _keeping_input_layouts(None, [aten]) is None
+
+
+def test_a_module_kept_from_another_project_does_not_shadow_this_one(tmp_path: Path) -> None:
+    """import_once keeps a custom op's module past its project's scope; another project's scope that has a package of
+    the same name imports its own (a build server's child or a test process builds several projects)."""
+    from shimgen.trace import entry
+
+    for project, activation in (("a", "ReLU"), ("b", "GELU")):
+        package = tmp_path / project / "models"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "net.py").write_text(f"ACTIVATION = {activation!r}\n")
+        (package / "ops.py").write_text("")
+    try:
+        entry.import_once("models.ops", tmp_path / "a")
+        with entry.project_scope(tmp_path / "b"):
+            assert importlib.import_module("models.net").ACTIVATION == "GELU"
+        with entry.project_scope(tmp_path / "a"):
+            assert importlib.import_module("models.net").ACTIVATION == "ReLU"
+        assert sys.modules["models.ops"].__file__ == str(tmp_path / "a" / "models" / "ops.py")
+    finally:
+        entry._kept.pop("models.ops", None)
+        for name in [name for name in sys.modules if name == "models" or name.startswith("models.")]:
+            if str(tmp_path) in (getattr(sys.modules[name], "__file__", None) or ""):
+                del sys.modules[name]
