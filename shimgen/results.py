@@ -122,7 +122,7 @@ class CodegenResult:
     out_nodes: tuple[OutNode, ...]
     num_outputs: int
     kernel_choices: tuple[KernelChoice, ...] = ()
-    # GEMMs given the library kernel without timing (kernel_choice.CPU_LIBRARY_ROWS): (input sizes, count)
+    # GEMMs given the library kernel without timing (kernel_choice.offers_template): (input sizes, count)
     untimed_gemms: tuple[tuple[tuple[str, ...], int], ...] = ()
     extern_nodes: Path | None = (
         None  # Inductor's description of the ops it leaves to run time (its <hash>.wrapper.json)

@@ -214,7 +214,7 @@ def generate(
                 per_device,
                 _state_not_folded(),
                 _templates_compiled_once(),
-                kernel_choice.recorded(target.device, locked, retune, flags.max_autotune) as recording,
+                kernel_choice.recorded(target.device, locked, retune, flags.max_autotune or flags.tma) as recording,
             ):
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)

@@ -286,6 +286,11 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         _attribute(f"{_INDUCTOR}.mkldnn_lowerings", "use_cpp_gemm_template", ("layout", "mat1", "mat2")),
     ),
     Requirement(
+        "Inductor's use_triton_template (asked by its GEMM lowerings)",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.kernel.mm", "use_triton_template", ("layout",)),
+    ),
+    Requirement(
         "Inductor's SizeVarAllocator.optimization_hints",
         CODEGEN,
         _attribute(f"{_INDUCTOR}.sizevars", "SizeVarAllocator.optimization_hints", ("self", "exprs")),

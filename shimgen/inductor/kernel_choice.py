@@ -30,6 +30,12 @@ from shimgen.results import KernelChoice
 # template takes 0.2-0.8x the library's time at 1-4 rows (oneDNN's ~30 us per call is most of a small GEMM) and
 # 1.5-2.9x from 16 rows on; timing it means rendering it (0.7 s) and compiling it, seconds per GEMM of every build.
 CPU_LIBRARY_ROWS = 16
+# On a GPU the other way round: a GEMM with fewer rows than this gets cuBLAS (through ATen) untimed. Measured on the
+# H100 (benchmarks/gemm_rule.py --device cuda, results/gemm_rule_cuda.md), fp32, K x N from 512 x 1000 to 4096 x 4096:
+# the best of Inductor's Triton templates takes 1.2-4.4x cuBLAS's time from 1 to 512 rows and 2.0-2.1x at 4096 rows
+# but for 4096 x 4096 (0.87x); timing them means compiling 6-18 templates, 6 s per GEMM of every build.
+GPU_TEMPLATE_ROWS = 4096
+RULE = f"on a CPU {CPU_LIBRARY_ROWS} rows or more, on a GPU fewer than {GPU_TEMPLATE_ROWS}"
 
 # Extern (library) kernels by the name Inductor's choice carries; the rest are Inductor's own templates.
 LIBRARIES = {
@@ -61,8 +67,8 @@ class Recording:
 @contextmanager
 def recorded(device: str, locked: Timings, retune: bool, every_gemm: bool = False) -> Iterator[Recording]:
     """Inductor's configuration for the duration: every kernel selection recorded; a selection whose candidates
-    all have timings in `locked` takes them from there instead of measuring (none does with `retune`). On a CPU, GEMMs
-    of CPU_LIBRARY_ROWS rows or more get the library kernel untimed, unless `every_gemm` (max_autotune)."""
+    all have timings in `locked` takes them from there instead of measuring (none does with `retune`). GEMMs where
+    `offers_template` says no get the library kernel untimed, unless `every_gemm` (max_autotune, TMA)."""
     import torch
     from torch._inductor import config, select_algorithm
     from torch._inductor.codecache import CacheBase, PersistentCache
@@ -102,9 +108,10 @@ def recorded(device: str, locked: Timings, retune: bool, every_gemm: bool = Fals
             mock.patch.object(select_algorithm.AlgorithmSelectorCache, "log_results", staticmethod(log_results))
         )
         stack.enter_context(mock.patch.object(PersistentCache, "lookup", lookup))
-        if not devices.device(device).gpu and not every_gemm:
-            for module, original in _cpp_gemm_gates():
-                stack.enter_context(mock.patch.object(module, "use_cpp_gemm_template", _gated(original, recording)))
+        if not every_gemm:
+            gate = "use_triton_template" if devices.device(device).gpu else "use_cpp_gemm_template"
+            for module, original in _gemm_gates(gate):
+                stack.enter_context(mock.patch.object(module, gate, _gated(original, recording)))
         if not devices.device(device).gpu:
             cache = CacheBase.get_local_cache_path()
             one_thread_cache = cache.with_name(f"{cache.name}-shimgen-cpu-one-thread")
@@ -116,27 +123,35 @@ def recorded(device: str, locked: Timings, retune: bool, every_gemm: bool = Fals
         yield recording
 
 
-def _cpp_gemm_gates() -> list[tuple[Any, Any]]:
-    """Each loaded Inductor module that asks `use_cpp_gemm_template` (imported by name into the lowerings), with it."""
+def _gemm_gates(gate: str) -> list[tuple[Any, Any]]:
+    """Each loaded Inductor module that asks `gate` (use_cpp_gemm_template or use_triton_template, imported by name into
+    the lowerings) whether to offer a GEMM template, with it."""
     import sys
 
+    import torch._inductor.kernel.bmm
     import torch._inductor.kernel.mm
     import torch._inductor.mkldnn_lowerings  # noqa: F401  (loaded before the lookup, as a compile loads them)
     from torch._inductor import utils
 
-    original = utils.use_cpp_gemm_template
+    original = getattr(utils, gate)
     return [
         (module, original)
         for name, module in list(sys.modules.items())
-        if name.startswith("torch._inductor") and getattr(module, "use_cpp_gemm_template", None) is original
+        if name.startswith("torch._inductor") and getattr(module, gate, None) is original
     ]
 
 
-def _gated(original: Any, recording: Recording) -> Any:
-    """`use_cpp_gemm_template` offering the template (and so timing it) only below CPU_LIBRARY_ROWS rows."""
+def offers_template(rows: int, gpu: bool) -> bool:
+    """Whether a GEMM of `rows` rows (at the traced example) has Inductor's templates timed against the library kernel."""
+    return rows >= GPU_TEMPLATE_ROWS if gpu else rows < CPU_LIBRARY_ROWS
 
-    def use_cpp_gemm_template(layout: Any, mat1: Any, mat2: Any, *args: Any, **kwargs: Any) -> bool:
-        if not original(layout, mat1, mat2, *args, **kwargs):
+
+def _gated(original: Any, recording: Recording) -> Any:
+    """A template gate (`use_cpp_gemm_template(layout, mat1, mat2, ...)` or `use_triton_template(layout, ...)`) that
+    offers the template, and so times it, only where `offers_template`."""
+
+    def gate(layout: Any, *args: Any, **kwargs: Any) -> bool:
+        if not original(layout, *args, **kwargs):
             return False
         from torch._inductor.virtualized import V
 
@@ -144,15 +159,16 @@ def _gated(original: Any, recording: Recording) -> Any:
         rows = 1
         for dim in size[:-1]:
             rows *= int(dim)
-        if rows < CPU_LIBRARY_ROWS:
+        if offers_template(rows, devices.device(layout.device.type).gpu):
             return True
         if id(layout) not in recording.asked:  # a lowering may ask twice about one GEMM (one output layout)
             recording.asked[id(layout)] = layout
-            sizes = (_sizes(V.graph, mat1), _sizes(V.graph, mat2))
+            inputs = [a for a in args[:2] if hasattr(a, "get_size")]  # use_triton_template has the output alone
+            sizes = tuple(_sizes(V.graph, node) for node in inputs) or ("x".join(map(str, size)),)
             recording.untimed[sizes] = recording.untimed.get(sizes, 0) + 1
         return False
 
-    return use_cpp_gemm_template
+    return gate
 
 
 def _keeping_input_layouts(benchmark: Any, candidates: list[Any]) -> Any:
@@ -206,10 +222,9 @@ def _choice(op: str, sizes: list[str], timings: dict[Any, float]) -> KernelChoic
 
     best = min(timings, key=timings.__getitem__)
     # Template candidates are numbered per selection (cpp_..._3); the number says nothing to a reader.
-    us = {
-        label(c).rstrip("0123456789").rstrip("_"): round(t * 1000, 3)
-        for c, t in sorted(timings.items(), key=lambda kv: kv[1])
-    }
+    us: dict[str, float] = {}
+    for c, t in sorted(timings.items(), key=lambda kv: kv[1]):  # the fastest of each kind (a GPU has many templates)
+        us.setdefault(label(c).rstrip("0123456789").rstrip("_"), round(t * 1000, 3))
     return KernelChoice(op=op, sizes=tuple(sizes), picked=label(best).rstrip("0123456789").rstrip("_"), us=us)
 
 

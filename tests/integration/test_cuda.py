@@ -76,6 +76,14 @@ def test_check_against_eager_on_cpu_and_cuda(built_gpu: dict[str, Any], workdir:
     print(result.stderr)
 
 
+def test_small_gemms_get_cublas_untimed(built_gpu: dict[str, Any]) -> None:
+    """kernel_choice.GPU_TEMPLATE_ROWS: at example batch 4 the mlp's Linears get cuBLAS, no Triton template compiled
+    and timed (it would lose: results/gemm_rule_cuda.md)."""
+    untimed = built_gpu["untimed_gemms"]["mlp_cuda"]
+    assert sum(g["count"] for g in untimed) == 8 and {s for g in untimed for s in g["sizes"]} == {"4x32"}, untimed
+    assert "mlp_cuda" not in built_gpu["kernel_choices"]
+
+
 def test_one_package_dispatches_on_device(built_gpu: dict[str, Any], workdir: Path) -> None:
     gpu = import_package(built_gpu)
     for device in ("cpu", "cuda"):
