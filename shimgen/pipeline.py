@@ -698,17 +698,18 @@ def _run(
     work: Callable[..., Any],
     done: Callable[[str, Any, float, float], None],
 ) -> None:
-    processes = workers.count(len(tasks), in_process=job.ops is not None)
+    # On a GPU the units run here, one after another: the later ones reuse what the first started (Inductor's compile
+    # workers, the CUDA context, kernels already compiled). ResNet-18 and its batch-1 variant on the H100: 84.8 s cold,
+    # against 95.9 s in two worker processes at once (results/gpu_units_in_process.md).
+    gpu = any(devices.device(t.device).gpu for t in job.spec.target)
+    processes = workers.count(len(tasks), in_process=job.ops is not None or gpu)
     if processes:
         job.timeline.report(stage, f"{', '.join(name for name, _ in tasks)} in {processes} worker processes ...")
     for name, _ in tasks:
         job.timeline.report(stage, f"{name} ...")
     # In a build server's child (shimgen/commands/server.py) torch is imported already: workers forked from it skip
-    # the import, where nothing has asked the CUDA driver (torch refuses CUDA in a child forked after that).
-    warm = bool(os.environ.get("SHIMGEN_SERVER_CHILD")) and not any(
-        devices.device(t.device).gpu for t in job.spec.target
-    )
-    workers.run_all(tasks, work, processes, job.ops, done, fork=warm)
+    # the import.
+    workers.run_all(tasks, work, processes, job.ops, done, fork=bool(os.environ.get("SHIMGEN_SERVER_CHILD")))
 
 
 def _cached(
