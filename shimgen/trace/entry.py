@@ -121,15 +121,15 @@ def _project_modules(spec_dir: Path) -> dict[str, Any]:
 
 
 def _shadowing(spec_dir: Path) -> dict[str, Any]:
-    """Modules imported from elsewhere (another project's, kept by import_once) under a top-level name that the spec's
-    directory has a module or package of its own for: left in sys.modules, `models` of another project would be the
-    package that `import models.mlp` looks in."""
-    tops = {name.partition(".")[0] for name in sys.modules}
+    """Another project's modules that import_once kept, under a top-level name that the spec's directory has a module
+    or package of its own for: left in sys.modules, `models` of another project would be the package that
+    `import models.mlp` looks in."""
+    tops = {name.partition(".")[0] for name in sys.modules if _is_kept(name)}
     tops = {top for top in tops if (spec_dir / top).is_dir() or (spec_dir / f"{top}.py").is_file()}
     return {
         name: m
         for name, m in list(sys.modules.items())
-        if name.partition(".")[0] in tops and not _under(getattr(m, "__file__", None), spec_dir)
+        if name.partition(".")[0] in tops and _is_kept(name) and not _under(getattr(m, "__file__", None), spec_dir)
     }
 
 
