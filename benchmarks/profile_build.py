@@ -72,9 +72,11 @@ class StackSampler:
 
 
 def _short(filename: str) -> str:
-    for marker in ("site-packages/", "/shimgen/", "/lib/python3"):
-        if marker in filename:
-            return filename.split(marker, 1)[1] if marker != "/shimgen/" else "shimgen/" + filename.split(marker, 1)[1]
+    """A file name without its install prefix: torch/..., shimgen/..., or the standard library's."""
+    for marker, kept in (("site-packages/", ""), ("/shimgen/", "shimgen/"), ("/lib/python3", "")):
+        _, found, rest = filename.partition(marker)
+        if found:
+            return kept + rest
     return filename
 
 

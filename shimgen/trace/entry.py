@@ -124,12 +124,13 @@ def _shadowing(spec_dir: Path) -> dict[str, Any]:
     """Another project's modules that import_once kept, under a top-level name that the spec's directory has a module
     or package of its own for: left in sys.modules, `models` of another project would be the package that
     `import models.mlp` looks in."""
-    tops = {name.partition(".")[0] for name in sys.modules if _is_kept(name)}
+    kept = {name: m for name, m in list(sys.modules.items()) if _is_kept(name)}
+    tops = {name.partition(".")[0] for name in kept}
     tops = {top for top in tops if (spec_dir / top).is_dir() or (spec_dir / f"{top}.py").is_file()}
     return {
         name: m
-        for name, m in list(sys.modules.items())
-        if name.partition(".")[0] in tops and _is_kept(name) and not _under(getattr(m, "__file__", None), spec_dir)
+        for name, m in kept.items()
+        if name.partition(".")[0] in tops and not _under(getattr(m, "__file__", None), spec_dir)
     }
 
 
