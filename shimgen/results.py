@@ -132,6 +132,7 @@ class CodegenResult:
         default_factory=dict
     )  # the timing records its kernel choices used (lockfile.Timings)
     constants: Path | None = None  # the model's constants described (weights.Constant, as JSON)
+    refit: Path | None = None  # how the constants Inductor computed from the weights are computed again (refit.py)
     weights_file: Path | None = None  # flags.weights = "file": the weights as safetensors
     weights_digest: str = ""  # the trace's weights_key the weights file was made from
     unused_weights: tuple[str, ...] = ()  # the program's weights the model does not take (weights.unused_weights)
@@ -139,7 +140,7 @@ class CodegenResult:
 
     @property
     def files(self) -> tuple[Path, ...]:
-        extra = tuple(p for p in (self.extern_nodes, self.constants, self.weights_file) if p)
+        extra = tuple(p for p in (self.extern_nodes, self.constants, self.refit, self.weights_file) if p)
         return (self.interface, self.model, *self.kernels, self.weights, *self.ptx, *self.triton, *extra)
 
     @property

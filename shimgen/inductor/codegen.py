@@ -33,7 +33,7 @@ from unittest import mock
 from shimgen import devices
 from shimgen.errors import UserError
 from shimgen.files import replace_dir, shimgen_fingerprint, stage_key
-from shimgen.inductor import compat, kernel_choice, openmp, proxy_executor, user_triton, weights
+from shimgen.inductor import compat, kernel_choice, openmp, proxy_executor, refit, user_triton, weights
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import CodegenResult, CustomOps, TraceResult
 from shimgen.spec import Flags, Target
@@ -199,6 +199,7 @@ def generate(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     program = torch.export.load(str(traced.program))
+    program_weights = {**program.state_dict, **program.constants}
     with tempfile.TemporaryDirectory(prefix="shimgen-codegen-") as tmp:
         package = Path(tmp) / "model.pt2"
         try:
@@ -215,6 +216,7 @@ def generate(
                 _state_not_folded(),
                 _templates_compiled_once(),
                 kernel_choice.recorded(target.device, locked, retune, flags.max_autotune or flags.tma) as recording,
+                refit.recorded(program_weights) as refitting,
             ):
                 torch._inductor.aoti_compile_and_package(
                     program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
@@ -236,9 +238,10 @@ def generate(
     # Its end, where Inductor's model class is complete, describes the constants to the binding (load_weights).
     (staging / "model.cpp").write_text(model + '\n#include "shimgen_model_constants.h"\n')
     (staging / "weights.o").write_bytes(files[".weights.o"])
-    program_weights = {**program.state_dict, **program.constants}
     constants = weights.mark_plain(weights.parse_constants(model), program_weights)
     weights.write_constants(constants, staging / "constants.json")
+    derived = [c for c in constants if not c.plain and not c.from_folded]
+    (staging / "refit.json").write_text(json.dumps(refitting.program(derived, program_weights), sort_keys=True) + "\n")
     if flags.weights == "file":
         weights.write_from_blob(constants, files.get(".wrapper_weights.blob", b""), staging / "weights.safetensors")
     extern = json.loads(files[".wrapper.json"]) if ".wrapper.json" in files else {}
@@ -269,6 +272,7 @@ def generate(
         run_time_modules=custom_ops.run_time_modules(called, ops),
         autotune_timings=recording.timings,
         constants=out_dir / "constants.json",
+        refit=out_dir / "refit.json",
         weights_file=out_dir / "weights.safetensors" if flags.weights == "file" else None,
         weights_digest=traced.weights,
         unused_weights=tuple(weights.unused_weights(constants, program_weights)),

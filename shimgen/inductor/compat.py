@@ -76,6 +76,17 @@ def _attribute(
     return probe
 
 
+def _operator(namespace: str, name: str) -> Callable[[], str | None]:
+    """A probe that torch has the operator `namespace::name`."""
+
+    def probe() -> str | None:
+        import torch
+
+        return None if hasattr(getattr(torch.ops, namespace), name) else f"torch has no operator {namespace}::{name}"
+
+    return probe
+
+
 def _either(first: Callable[[], str | None], second: Callable[[], str | None]) -> Callable[[], str | None]:
     """A probe that passes where either of two does (two forms a torch may have); else the first's problem."""
 
@@ -290,6 +301,26 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         CODEGEN,
         _attribute(f"{_INDUCTOR}.kernel.mm", "use_triton_template", ("layout",)),
     ),
+    # refit.py
+    Requirement(
+        "Inductor's ConstantFolder.run", CODEGEN, _attribute(f"{_INDUCTOR}.constant_folding", "ConstantFolder.run")
+    ),
+    Requirement("Inductor's GraphLowering.run", CODEGEN, _attribute(f"{_INDUCTOR}.graph", "GraphLowering.run")),
+    Requirement(
+        "Inductor's GraphLowering.allocate_non_dup_const_name",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.graph", "GraphLowering.allocate_non_dup_const_name", ("self", "name", "data")),
+    ),
+    Requirement(
+        "Inductor's GraphLowering.get_attr",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.graph", "GraphLowering.get_attr", ("self", "target", "args", "kwargs")),
+    ),
+    Requirement(
+        "torch.utils.weak.WeakTensorKeyDictionary", CODEGEN, _attribute("torch.utils.weak", "WeakTensorKeyDictionary")
+    ),
+    Requirement("oneDNN's buffer size of a prepacked tensor", CODEGEN, _operator("mkldnn", "_nbytes")),
+    Requirement("oneDNN's buffer of a prepacked tensor", CODEGEN, _operator("mkldnn", "data_ptr")),
     Requirement(
         "Inductor's SizeVarAllocator.optimization_hints",
         CODEGEN,

@@ -18,7 +18,7 @@ from shimgen import devices
 from shimgen.files import stage_key, write_if_changed
 from shimgen.inductor import proxy_executor, weights
 from shimgen.project import escape
-from shimgen.results import OBJECT, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit, Variant
+from shimgen.results import OBJECT, CodegenResult, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit, Variant
 from shimgen.spec import Flags, Graph, ProjectSpec, Target
 from shimgen.spec.model import SCALAR_TYPES
 from shimgen.toolchain import Toolchain, cache_dir
@@ -27,6 +27,7 @@ from shimgen.trace import variants
 
 TEMPLATES = Path(__file__).parent / "templates"
 RUNTIME = Path(__file__).parents[1] / "runtime"  # shipped or compiled as they are
+PACKAGE_MODULES = ("_shimgen_weights.py", "_shimgen_refit.py")  # under RUNTIME, shipped in every package
 TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meson project shimgen writes
 PROBE_FILES = ("probe.cpp", "check_probe.py")  # under RUNTIME
 # What __init__.py is rendered from, shipped beside it as BUILD_MANIFEST for `shimgen merge`.
@@ -254,6 +255,7 @@ def render_project(
                 "constants": weights.package_view(weights.read_constants(u.code.constants), u.code.state)
                 if u.code.constants
                 else [],
+                "refit": _refit(u.code),
                 "unused_weights": list(u.code.unused_weights),
                 # Graphs that build the same module share its state (prefill and decode over one KV cache).
                 "state_owner": stage_key(u.graph.entry, u.graph.args, u.graph.kwargs, u.graph.seed)[:16],
@@ -265,6 +267,7 @@ def render_project(
                         "constants": weights.package_view(weights.read_constants(v.code.constants), v.code.state)
                         if v.code.constants
                         else [],
+                        "refit": _refit(v.code),
                     }
                     for v in u.variants
                 ],
@@ -350,6 +353,7 @@ def render_project(
                     "weights_file",
                     "constants",
                     "unused_weights",
+                    "refit",
                     "state_owner",
                     "variants",
                 )
@@ -359,7 +363,8 @@ def render_project(
     }
     files[out / name / "__init__.py"] = render_init(package)
     files[out / name / BUILD_MANIFEST] = json.dumps(package, indent=1, sort_keys=True) + "\n"
-    files[out / name / "_shimgen_weights.py"] = (RUNTIME / "_shimgen_weights.py").read_text()
+    for runtime_module in PACKAGE_MODULES:
+        files[out / name / runtime_module] = (RUNTIME / runtime_module).read_text()
     for runtime_file in PROJECT_HEADERS + (("embed_kernel.py",) if cuda else ()):
         files[out / "src" / runtime_file] = (RUNTIME / runtime_file).read_text()
     for path, content in files.items():
@@ -522,6 +527,14 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
             u.variants,
         ),
     }
+
+
+def _refit(code: CodegenResult) -> dict[str, Any] | None:
+    """The model's refit program (inductor/refit.py), where it has constants computed from the weights."""
+    if code.refit is None:
+        return None
+    program = json.loads(code.refit.read_text())
+    return program if program["outputs"] or program["missing"] or program["checks"] else None
 
 
 def _label(variant: Variant) -> str:

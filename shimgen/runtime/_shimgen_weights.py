@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from . import _shimgen_refit as refit
+
 MANIFEST = "_shimgen_build.json"
 FORMAT = "shimgen-weights-1"  # the weights files shimgen writes (shimgen/inductor/weights.py)
 
@@ -85,6 +87,9 @@ class Unit:
         self.module = importlib.import_module(f"{package}._{self.name}")
         self.models: list[tuple[str, list[dict[str, Any]]]] = [("", unit["constants"])]
         self.models += [(v["name"], v["constants"]) for v in unit.get("variants", ())]
+        # Per model: how its constants computed from the weights at build time are computed again (None: it has none).
+        self.programs: list[dict[str, Any] | None] = [unit.get("refit")]
+        self.programs += [v.get("refit") for v in unit.get("variants", ())]
         self.unused = set(unit.get("unused_weights", ()))  # the model's weights the compiled graph does not read
         self.file = os.path.join(directory, unit["weights_file"]) if unit.get("weights_file") else None
         self.stateful = any(c.get("state") for c in self.constants)
@@ -122,17 +127,58 @@ class Unit:
         return given
 
     def plan(self, state: Mapping[str, Any]) -> list[list[torch.Tensor | None]]:
-        """The bytes of each model's constants taken from `state` (None: keeps its value), checked; one copy of each
-        weight
+        """The bytes of each model's constants taken from `state` (None: keeps its value), checked; those Inductor
+        computed from the weights at build time computed again by the model's refit program; one copy of each weight
         for all models."""
-        derived = [c["fqn"] for c in self.constants if not c["plain"]]
-        if derived:
-            raise WeightsError(self._derived(list(dict.fromkeys(derived))))
         copies: dict[str, torch.Tensor | None] = {}
-        for c in self.constants:
-            if c["fqn"] not in copies:
-                copies[c["fqn"]] = self._copy(c, state.get(c["fqn"]))
-        return [[copies[c["fqn"]] for c in constants] for _, constants in self.models]
+        given: list[list[torch.Tensor | None]] = []
+        for (_, constants), program in zip(self.models, self.programs, strict=True):
+            derived = [c for c in constants if not c["plain"]]
+            computed = self._recomputed(program, derived, state) if derived else {}
+            given.append([])
+            for c in constants:
+                if not c["plain"]:
+                    given[-1].append(computed[c["name"]])
+                    continue
+                if c["fqn"] not in copies:
+                    copies[c["fqn"]] = self._copy(c, state.get(c["fqn"]))
+                given[-1].append(copies[c["fqn"]])
+        return given
+
+    def _recomputed(
+        self, program: dict[str, Any] | None, derived: list[dict[str, Any]], state: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
+        without = [c["fqn"] for c in derived if program is None or c["name"] not in program["outputs"]]
+        if without:
+            reasons = sorted(set((program or {}).get("missing", {}).values()))
+            raise WeightsError(self._derived(list(dict.fromkeys(without)), reasons))
+        assert program is not None
+        inputs = {}
+        for name, dtype, shape in program["inputs"].values():
+            value = state.get(name)
+            if value is None:
+                raise WeightsError(
+                    f"graph {self.graph}: weight '{name}' is missing (the build computed constants from it, and "
+                    "computes them again from the new weights)"
+                )
+            if not isinstance(value, torch.Tensor):
+                raise WeightsError(f"graph {self.graph}: weight '{name}' is a {type(value).__name__}, not a tensor")
+            if str(value.dtype).removeprefix("torch.") != dtype or list(value.shape) != shape:
+                raise WeightsError(
+                    f"graph {self.graph}: weight '{name}' is {str(value.dtype).removeprefix('torch.')}"
+                    f"{list(value.shape)}, the compiled model's is {dtype}{shape}"
+                )
+            inputs[name] = value
+        device = torch.device("cpu" if self.device == "cpu" else "cuda")
+        try:
+            values = refit.run(program, inputs, device)
+        except refit.RefitError as exc:
+            raise WeightsError(f"graph {self.graph}: {exc}") from None
+        packed = program.get("packed_bytes", {})
+        return {
+            c["name"]: refit.constant_bytes(values[c["name"]], c["typed"], c["nbytes"], packed.get(c["name"], 0))
+            for c in derived
+        }
 
     def _copy(self, c: dict[str, Any], value: Any) -> torch.Tensor | None:
         if c.get("state"):
@@ -152,20 +198,15 @@ class Unit:
         # A copy: the model must not see later in-place changes to the caller's tensors (an optimizer step).
         return _as_bytes(value.detach().to(device, copy=True, memory_format=torch.contiguous_format))
 
-    def _derived(self, names: list[str]) -> str:
+    def _derived(self, names: list[str], reasons: list[str]) -> str:
         shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        why = f" ({'; '.join(reasons)})" if reasons else ""
         file = f"{self.name}.safetensors"
-        if self.freezing:
-            return (
-                f"graph {self.graph} was built with flags.freezing = true, which computed constants from the weights at build "
-                f"time ({shown}: weights packed for their kernels, convolutions merged with their batch norms); they "
-                "cannot be computed at load. Rebuild with the new weights (shimgen recompiles nothing when only weights "
-                f"change) and load that build's {file}, or build with flags.freezing = false to replace weights from a "
-                "state dict."
-            )
         return (
-            f"graph {self.graph}: Inductor computed constants from the weights at build time ({shown}); they cannot be "
-            f"computed at load. Rebuild with the new weights and load that build's {file}."
+            f"graph {self.graph}: Inductor computed constants from the weights at build time ({shown}) in a way this "
+            f"package cannot repeat at load{why}. Rebuild with the new weights (shimgen recompiles nothing when only "
+            f"weights change) and load that build's {file}"
+            + (", or build with flags.freezing = false." if self.freezing else ".")
         )
 
 

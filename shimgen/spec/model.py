@@ -180,9 +180,9 @@ class Flags:
     )
     split: int = doc("Kernel translation units per graph, compiled in parallel.", default=4)
     freezing: bool = doc(
-        "Fold weights into the graph as constants (Inductor freezing): faster inference. The folded constants are computed "
-        "at build time, so the package's load_weights() can replace only the weights freezing left as they were; "
-        "a new checkpoint otherwise needs a rebuild.",
+        "Fold weights into the graph as constants (Inductor freezing): faster inference. The folded constants (batch "
+        "norms merged into convolutions, weights packed for their kernels) are computed at build time; the package's "
+        "load_weights() computes them again from new weights by the operations the build recorded.",
         default=True,
     )
     weights: Literal["embedded", "file"] = doc(

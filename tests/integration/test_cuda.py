@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import venv
 from pathlib import Path
 from typing import Any
@@ -382,6 +383,38 @@ def test_load_weights_on_cuda_recaptures_the_cuda_graph(workdir: Path, tmp_path:
             torch.testing.assert_close(package.mlp(x), model(x), rtol=1e-4, atol=1e-5)
         package.load_weights({k: v.cpu() for k, v in model.state_dict().items()}, graphs=["mlp"])
         torch.testing.assert_close(package.mlp(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_load_weights_on_cuda_with_freezing_computes_the_folded_constants_again(workdir: Path, tmp_path: Path) -> None:
+    """The default build folds each batch norm into its convolution; a new state dict is folded again on the GPU."""
+    spec = spec_of_its_own(
+        workdir,
+        tmp_path / "cuda_refit.toml",
+        textwrap.dedent("""
+        [project]
+        name = "cuda_refit"
+
+        [[graph]]
+        name = "forward"
+        entry = "models.convnet:ConvNet"
+        inputs = [{ name = "x", shape = ["batch", 3, 32, 32] }]
+        dims = { batch = { min = 1, max = 8, example = 4, specialize = [1] } }
+
+        [[target]]
+        device = "cuda"
+        archs = ["sm_90"]
+    """),
+    )
+    package = import_package(build_json(spec, tmp_path))
+    model, (x,) = eager(spec, 0, "cuda")
+    with torch.no_grad():
+        for bn in [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]:
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.5, 0.5)
+        assert (package.forward(x) - model(x)).abs().max() > 1e-2
+        package.load_weights(model.state_dict())
+        for batch in (x, x[:1]):  # the dynamic code and the batch-1 variant
+            torch.testing.assert_close(package.forward(batch), model(batch), rtol=1e-4, atol=1e-4)
 
 
 def test_specialized_variants_on_cuda_are_captured_and_share_weights(workdir: Path, tmp_path: Path) -> None:

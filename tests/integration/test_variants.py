@@ -181,9 +181,9 @@ def test_adding_or_removing_a_size_rebuilds_that_variant_alone(
 
 
 def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir: Path, tmp_path: Path) -> None:
-    """With freezing, a static convolution's weights are packed for oneDNN at build time: the variant's own entries,
-    next to
-    the dynamic code's, and `shimgen check` compares the variant with eager."""
+    """With freezing, a static convolution's weights are merged with its batch norm and packed for oneDNN at build
+    time: the variant's own entries, next to the dynamic code's; `shimgen check` compares the variant with eager, and
+    load_weights() computes both models' constants again from a new state dict."""
     spec = spec_of_its_own(
         workdir,
         tmp_path / "convs.toml",
@@ -214,3 +214,23 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
     to_entry = json.loads(header["__metadata__"]["variants"])["batch1"]
     assert own and set(own) <= set(to_entry.values())
     assert set(to_entry.values()) - set(own), "the variant shares none of the dynamic code's entries"
+    refit = textwrap.dedent("""
+        import json, sys, torch
+        sys.path[:0] = [sys.argv[1], sys.argv[2]]
+        import convs
+        from models.convnet import ConvNet
+        torch.manual_seed(5)
+        model = ConvNet().eval()
+        for bn in [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]:
+            bn.weight.data.uniform_(0.5, 1.5); bn.bias.data.uniform_(-0.5, 0.5)
+        convs.load_weights(model.state_dict())
+        with torch.no_grad():
+            print(json.dumps([(convs.forward(x) - model(x)).abs().max().item() for x in (torch.randn(1, 3, 32, 32), torch.randn(4, 3, 32, 32))]))
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", refit, str(tmp_path / "out" / "build" / "convs" / "site"), str(workdir / "projects")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert max(json.loads(done.stdout)) < 1e-4

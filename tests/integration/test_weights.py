@@ -287,7 +287,10 @@ def test_a_new_checkpoint_rebuilds_only_the_weights(unfrozen: tuple[Path, dict[s
         torch.save(weights(0), spec.parent / "weights.pt")
 
 
-def test_with_freezing_a_state_dict_is_refused_and_a_rebuilt_weights_file_is_taken(tmp_path: Path) -> None:
+def test_with_freezing_a_state_dict_refits_the_folded_constants_as_a_rebuild_computes_them(tmp_path: Path) -> None:
+    """Freezing folds the batch norm and packs the linear weights at build time; load_weights(state dict) computes
+    them again from the new weights: the outputs equal eager's, and bit for bit those of a build made with the new
+    weights (the same code; its weights file loaded)."""
     spec = project(tmp_path / "frozen", "frozen", "")
     built = build_json(spec, tmp_path / "out")
     snapshot = tmp_path / "first"
@@ -296,19 +299,31 @@ def test_with_freezing_a_state_dict_is_refused_and_a_rebuilt_weights_file_is_tak
     rebuilt = build_json(spec, tmp_path / "out")
     assert rebuilt["compiled_units"]["done"] == 0  # freezing generates the code again; it is the same code
     new_file = Path(rebuilt["package_dir"]) / "frozen" / "forward_cpu.safetensors"
+    new = str(spec.parent / "weights.pt")
     results = run(
         {**built, "package_dir": str(snapshot)},
         f"""
-        results["refused"] = error(torch.load({str(spec.parent / "weights.pt")!r}, weights_only=True))
+        state = torch.load({new!r}, weights_only=True)
+        results["before"] = (package.forward(x) - eager({new!r})).abs().max().item()
+        package.load_weights(state)
+        refit = package.forward(x)
+        results["refit"] = (refit - eager({new!r})).abs().max().item()
         package.load_weights({str(new_file)!r})
-        results["rebuilt_file"] = (package.forward(x) - eager({str(spec.parent / "weights.pt")!r})).abs().max().item()
+        results["same_as_rebuilt"] = torch.equal(refit, package.forward(x))
+        results["no_weight"] = error({{k: v for k, v in state.items() if k != "0.weight"}})
+        results["wrong_shape"] = error({{**state, "2.weight": torch.ones(3)}})
     """,
         tmp_path,
     )
-    assert results["refused"].startswith(
-        "WeightsError: graph forward was built with flags.freezing = true, which computed constants"
+    assert results["before"] > 1e-2 and results["refit"] < 1e-5
+    assert results["same_as_rebuilt"]
+    assert results["no_weight"] == (
+        "WeightsError: graph forward: weight '0.weight' is missing (the build computed constants from it, and "
+        "computes them again from the new weights)"
     )
-    assert results["rebuilt_file"] < 1e-5
+    assert results["wrong_shape"] == (
+        "WeightsError: graph forward: weight '2.weight' is float32[3], the compiled model's is float32[64, 64]"
+    )
 
 
 def test_embedded_weights_are_in_the_extension_and_load_weights_works_the_same(tmp_path: Path) -> None:

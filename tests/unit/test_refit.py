@@ -1,0 +1,83 @@
+"""Refit programs (shimgen/inductor/refit.py) recorded from operations on weights, and run again by the package's
+runtime (shimgen/runtime/_shimgen_refit.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shimgen.inductor import refit
+from shimgen.inductor.weights import Constant
+from shimgen.runtime import _shimgen_refit as replay
+
+
+def constant(name: str, tensor: torch.Tensor) -> Constant:
+    return Constant(
+        name=name,
+        fqn=name,
+        dtype=str(tensor.dtype).removeprefix("torch."),
+        shape=tuple(tensor.shape),
+        stride=tuple(tensor.stride()),
+        offset=0,
+        data_size=tensor.numel() * tensor.element_size(),
+        layout="strided",
+        from_folded=False,
+        kind="Buffer",
+    )
+
+
+def record(recording: refit.Recording, func: Any, *args: Any, **kwargs: Any) -> Any:
+    out = func(*args, **kwargs)
+    recording.note(func, args, kwargs, out)
+    return out
+
+
+def folded_batch_norm(weights: dict[str, torch.Tensor], recording: refit.Recording) -> torch.Tensor:
+    """A convolution's weight merged with its batch norm, as freezing computes it."""
+    aten = torch.ops.aten
+    scale = record(recording, aten.rsqrt.default, record(recording, aten.add.Tensor, weights["model.bn.var"], 1e-5))
+    scale = record(recording, aten.mul.Tensor, scale, weights["model.bn.weight"])
+    return record(
+        recording, aten.mul.Tensor, weights["model.conv.weight"], record(recording, aten.view.default, scale, [-1, 1])
+    )
+
+
+def test_a_recorded_program_computes_the_constant_again_from_new_weights() -> None:
+    built = {
+        "model.conv.weight": torch.randn(4, 3),
+        "model.bn.var": torch.rand(4) + 0.5,
+        "model.bn.weight": torch.randn(4),
+    }
+    recording = refit.Recording({refit._storage_key(t): name for name, t in built.items()})
+    folded = folded_batch_norm(built, recording)
+    recording.constants["constant0"] = folded
+    program = recording.program([constant("constant0", folded)], built)
+    assert program["missing"] == {} and sorted(name for name, _, _ in program["inputs"].values()) == [
+        "bn.var",
+        "bn.weight",
+        "conv.weight",
+    ]
+    new = {name.removeprefix("model."): torch.randn_like(t).abs() for name, t in built.items()}
+    again = replay.run(program, new, torch.device("cpu"))["constant0"]
+    expected = new["conv.weight"] * (torch.rsqrt(new["bn.var"] + 1e-5) * new["bn.weight"]).view(-1, 1)
+    assert torch.equal(again, expected)
+
+
+def test_a_constant_computed_after_a_weight_was_read_back_has_no_program() -> None:
+    built = {"model.w": torch.randn(4), "model.s": torch.randn(1)}
+    recording = refit.Recording({refit._storage_key(t): name for name, t in built.items()})
+    record(recording, torch.ops.aten._local_scalar_dense.default, built["model.s"])
+    doubled = record(recording, torch.ops.aten.mul.Tensor, built["model.w"], 2)
+    recording.constants["constant0"] = doubled
+    program = recording.program([constant("constant0", doubled)], built)
+    assert program["outputs"] == {} and "aten::_local_scalar_dense" in program["missing"]["constant0"]
+
+
+def test_an_operation_on_a_large_tensor_not_made_from_the_weights_leaves_its_result_without_program() -> None:
+    built = {"model.w": torch.randn(128)}
+    recording = refit.Recording({refit._storage_key(built["model.w"]): "model.w"})
+    summed = record(recording, torch.ops.aten.add.Tensor, built["model.w"], torch.randn(128))
+    recording.constants["constant0"] = summed
+    program = recording.program([constant("constant0", summed)], built)
+    assert program["missing"] == {"constant0": "computed in a way the build did not record"}
