@@ -72,6 +72,8 @@ class BuildOutput:
     wheel: Path
     package_dir: Path
     graphs: list[str]
+    weights_file: Path | None = None  # flags.weights = "external": the weights the wheel leaves out, beside it
+    platform_reason: str = ""  # why the wheel has no manylinux tag, where it has none
     cpp_prefix: Path | None = None  # the C++ package, installed (package/cpp.py)
     cpp_archive: Path | None = None
     cpp_skipped: str | None = None  # why the build made no C++ package
@@ -98,6 +100,8 @@ class BuildOutput:
             "name": self.name,
             "target": self.target,
             "wheel": str(self.wheel),
+            "weights_file": str(self.weights_file) if self.weights_file else None,
+            "wheel_platform_reason": self.platform_reason or None,
             "package_dir": str(self.package_dir),
             "cpp_prefix": str(self.cpp_prefix) if self.cpp_prefix else None,
             "cpp_archive": str(self.cpp_archive) if self.cpp_archive else None,
@@ -413,7 +417,11 @@ def _build(
             shared.put(
                 "wheel",
                 wheel_key,
-                shared_cache.pack(packaged.wheel.parent, [packaged.wheel], packaged.wheel.name.encode()),
+                shared_cache.pack(
+                    packaged.wheel.parent,
+                    [packaged.wheel, *([packaged.weights_file] if packaged.weights_file else [])],
+                    packaged.wheel.name.encode(),
+                ),
             )
             if cpp_package:
                 shared.put("cpp", wheel_key, cpp_package.archive.read_bytes())
@@ -430,6 +438,8 @@ def _build(
         name=spec.project.name,
         target=target,
         wheel=packaged.wheel,
+        weights_file=packaged.weights_file,
+        platform_reason=packaged.platform_reason,
         package_dir=packaged.site,
         cpp_prefix=cpp_package.prefix if cpp_package else None,
         cpp_archive=cpp_package.archive if cpp_package else None,
@@ -800,7 +810,8 @@ def _wheel_key(job: Job, units: list[Unit], version: str) -> str:
     """What the wheel is made of, with no path of this machine: the shared cache's key for it."""
     spec, tc = job.spec, job.tc
     ops = [(p.name, file_hash(p)) for p in job.ops.libraries] if job.ops else []
-    code_keys = [(name, code.key) for u in units for name, code in u.generated]
+    # A codegen key leaves out the weights' values where the code does not depend on them; the wheel holds them.
+    code_keys = [(name, code.key, code.weights_digest) for u in units for name, code in u.generated]
     return stage_key(
         version,
         code_keys,
@@ -885,6 +896,9 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult, units:
     if packaged is not None:
         return packaged
     layout = job.layout
+    external = [
+        (u.name, layout.project / "src" / u.name / render.weights_file_name(u)) for u in units if u.code.weights_file
+    ]
     with job.timeline.stage("package"):
         packaged = package.build_and_unpack(
             layout.project,
@@ -895,6 +909,7 @@ def _package(job: Job, project: RenderedProject, compiled: CompileResult, units:
             key,
             _module_dirs(job),
             _verify_plan(job, units),
+            external if job.spec.flags.weights == "external" else None,
         )
     job.state.commit("package", packaged)
     return packaged
@@ -908,7 +923,15 @@ def _cpp_package(job: Job, packaged: PackageResult, archive: str) -> CppPackageR
         return made
     with job.timeline.stage("package", "the C++ package"):
         made = cpp.build(
-            layout.meson, packaged.site, layout.dist, layout.cpp, job.spec.project.name, archive, job.tools().tc, key
+            layout.meson,
+            packaged.site,
+            layout.dist,
+            layout.cpp,
+            job.spec.project.name,
+            archive,
+            job.tools().tc,
+            key,
+            packaged.weights_file,
         )
     job.state.commit("cpp", made)
     return made

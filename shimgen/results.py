@@ -260,10 +260,12 @@ class PackageResult:
     ] = ()  # the calls compared with the traced programs before the package was installed (verify.py)
     verify_skipped: tuple[str, ...] = ()
     verify_seconds: float = 0.0
+    weights_file: Path | None = None  # flags.weights = "external": the weights, beside the wheel
+    platform_reason: str = ""  # why the wheel has no manylinux tag, where it has none
 
     @property
     def files(self) -> tuple[Path, ...]:
-        return (self.wheel, self.site)
+        return (self.wheel, self.site) + ((self.weights_file,) if self.weights_file else ())
 
 
 def to_json(value: Any) -> Any:

@@ -140,10 +140,14 @@ def _serve_one_request(pipe: int) -> int:
     return code
 
 
-def run_python(function: str, argv: Sequence[str], *, fresh: Sequence[str] = ()) -> Completed:
+def run_python(
+    function: str, argv: Sequence[str], *, fresh: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> Completed:
     """`module:function`(argv) in a new interpreter of this Python, its return value the exit status; run in the
-    spare interpreter where there is one that has not imported the `fresh` modules (they must be imported anew)."""
+    spare interpreter where there is one that has not imported the `fresh` modules (they must be imported anew); with
+    this process's environment and `env`."""
     global _spare
+    environment = {**os.environ, **(env or {})}
     spare, _spare = _spare, None
     if spare is None or any(name.partition(".")[0] in spare.modules for name in fresh):
         module, _, name = function.partition(":")
@@ -155,13 +159,13 @@ def run_python(function: str, argv: Sequence[str], *, fresh: Sequence[str] = ())
         if spare is not None:
             os.close(spare.request)
             os.waitpid(spare.pid, 0)
-        return run([sys.executable, "-c", script, *argv])
+        return run([sys.executable, "-c", script, *argv], env=environment)
     with tempfile.NamedTemporaryFile(prefix="shimgen-spare-", suffix=".log") as output:
         request = {
             "function": function,
             "argv": list(argv),
             "output": output.name,
-            "env": dict(os.environ),
+            "env": environment,
             "cwd": os.getcwd(),
         }
         data = memoryview(json.dumps(request).encode())

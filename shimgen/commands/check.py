@@ -41,11 +41,15 @@ def cases(graph: Graph, made: list[dict[str, int]] | None = None) -> list[tuple[
 
 
 def compare(
-    spec: ProjectSpec, spec_dir: Path, package_dir: Path, made: dict[str, list[dict[str, int]]] | None = None
+    spec: ProjectSpec,
+    spec_dir: Path,
+    package_dir: Path,
+    made: dict[str, list[dict[str, int]]] | None = None,
+    weights_file: Path | None = None,
 ) -> list[Comparison]:
     """Each graph of the built package against eager at the example, min, middle and max sizes and each variant's
-    (`made`: by
-    graph, the sizes of the variants the build made)."""
+    (`made`: by graph, the sizes of the variants the build made); `weights_file`: the weights of a package built with
+    flags.weights = "external"."""
     import torch
 
     sys.path.insert(0, str(package_dir))
@@ -53,6 +57,8 @@ def compare(
         pkg = importlib.import_module(spec.project.name)
     finally:
         sys.path.remove(str(package_dir))
+    if weights_file is not None:
+        pkg.load_weights(str(weights_file))
     rows = []
     runnable = [t.device for t in spec.target if devices.device(t.device).available()]
     # The models' modules, and the types of their outputs, stay importable while they run.

@@ -279,6 +279,10 @@ def _print_summary(result: BuildOutput) -> None:
     err = sys.stderr
     print(f"\nbuilt {result.name} ({', '.join(result.identifiers)}): {', '.join(result.graphs)}", file=err)
     print(f"  wheel:       {result.wheel}", file=err)
+    if result.platform_reason:
+        print(f"               no manylinux tag: {result.platform_reason}", file=err)
+    if result.weights_file:
+        print(f"  weights:     {result.weights_file} (not in the wheel: flags.weights = 'external')", file=err)
     print(f"  package_dir: {result.package_dir}", file=err)
     if result.cpp_prefix:
         print(f"  C++ package: {result.cpp_prefix} (find_package({result.name}), pkg-config {result.name})", file=err)
@@ -359,7 +363,7 @@ def _check(args: argparse.Namespace) -> int:
         if model["variant"]:
             sizes = made.setdefault(model["unit"].rpartition("_")[0], [])
             sizes += [model["variant"]] if model["variant"] not in sizes else []
-    rows = compare(spec, args.spec.parent.resolve(), result.package_dir, made)
+    rows = compare(spec, args.spec.parent.resolve(), result.package_dir, made, result.weights_file)
     failed = [r for r in rows if not r.ok]
     print(f"\n{'graph':<12} {'case':<14} {'output':<24} {'max abs err':>12} {'max rel err':>12}", file=sys.stderr)
     for r in rows:

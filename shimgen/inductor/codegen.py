@@ -90,7 +90,7 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     if cxx:
         configs["cpp.cxx"] = (None, cxx)
     if (
-        flags.weights == "file"
+        flags.weights_apart
     ):  # the weights as one blob beside the code (weights.write_from_blob), the model told not to expect them
         configs.update(
             {
@@ -242,7 +242,7 @@ def generate(
     weights.write_constants(constants, staging / "constants.json")
     derived = [c for c in constants if not c.plain and not c.from_folded]
     (staging / "refit.json").write_text(json.dumps(refitting.program(derived, program_weights), sort_keys=True) + "\n")
-    if flags.weights == "file":
+    if flags.weights_apart:
         weights.write_from_blob(constants, files.get(".wrapper_weights.blob", b""), staging / "weights.safetensors")
     extern = json.loads(files[".wrapper.json"]) if ".wrapper.json" in files else {}
     called = proxy_executor.ops_called(extern)
@@ -273,7 +273,7 @@ def generate(
         autotune_timings=recording.timings,
         constants=out_dir / "constants.json",
         refit=out_dir / "refit.json",
-        weights_file=out_dir / "weights.safetensors" if flags.weights == "file" else None,
+        weights_file=out_dir / "weights.safetensors" if flags.weights_apart else None,
         weights_digest=traced.weights,
         unused_weights=tuple(weights.unused_weights(constants, program_weights)),
         state=traced.state,

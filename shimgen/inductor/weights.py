@@ -243,12 +243,13 @@ def _decode(data: bytes) -> tuple[list[_Entry], dict[str, str]]:
     return sorted(entries, key=lambda e: header[e.name]["data_offsets"][0]), header.get("__metadata__", {})
 
 
-def merged(dynamic: Path, variants: list[tuple[str, Path]]) -> bytes:
+def unit_file(dynamic: Path, variants: list[tuple[str, Path]], layout: str) -> bytes:
     """One weights file for a graph's dynamic code and its specialized variants, from the file of each: the dynamic
     code's entries as they are, then each tensor of a variant the file does not hold yet (`<variant>/<entry>`). The
-    metadata maps each variant's constants to entries (`variants`)."""
+    metadata maps each variant's constants to entries (`variants`) and names the compiled code the constants are laid
+    out for (`layout`: load_weights() refuses a file of other code)."""
     entries, metadata = _decode(dynamic.read_bytes())
-    held = {(e.dtype, tuple(e.shape), hashlib.sha256(e.data).digest()): e.name for e in entries}
+    held = {_content(e): e.name for e in entries}
     raw = json.loads(metadata.get("raw", "{}"))
     to_entry: dict[str, dict[str, str]] = {}
     for variant, path in variants:
@@ -257,16 +258,47 @@ def merged(dynamic: Path, variants: list[tuple[str, Path]]) -> bytes:
         constant_of = json.loads(own_metadata["constants"])
         to_entry[variant] = {}
         for e in own:
-            key = (e.dtype, tuple(e.shape), hashlib.sha256(e.data).digest())
-            if key not in held:
-                held[key] = f"{variant}/{e.name}"
-                entries.append(dataclasses.replace(e, name=held[key]))
+            if _content(e) not in held:
+                held[_content(e)] = f"{variant}/{e.name}"
+                entries.append(dataclasses.replace(e, name=held[_content(e)]))
                 if e.name in own_raw:
-                    raw[held[key]] = own_raw[e.name]
-            to_entry[variant][constant_of[e.name]] = held[key]
-    return _encode(
-        entries, {**metadata, "raw": json.dumps(raw, sort_keys=True), "variants": json.dumps(to_entry, sort_keys=True)}
-    )
+                    raw[held[_content(e)]] = own_raw[e.name]
+            to_entry[variant][constant_of[e.name]] = held[_content(e)]
+    metadata = {**metadata, "raw": json.dumps(raw, sort_keys=True), "layout": layout}
+    if variants:
+        metadata["variants"] = json.dumps(to_entry, sort_keys=True)
+    return _encode(entries, metadata)
+
+
+def external_file(units: list[tuple[str, bytes]]) -> bytes:
+    """The weights file of a package built with flags.weights = "external": its units' files (`unit_file`) in one,
+    each tensor once (`<unit>/<entry>` where first seen). Metadata `units` holds, by unit, what a unit's own file has at
+    its top level, its entry names those of this file."""
+    entries: list[_Entry] = []
+    held: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+    units_metadata: dict[str, dict[str, Any]] = {}
+    for unit, data in units:
+        own, metadata = _decode(data)
+        renamed = {}
+        for e in own:
+            if _content(e) not in held:
+                held[_content(e)] = f"{unit}/{e.name}"
+                entries.append(dataclasses.replace(e, name=held[_content(e)]))
+            renamed[e.name] = held[_content(e)]
+        units_metadata[unit] = {
+            "constants": {renamed[entry]: c for entry, c in json.loads(metadata["constants"]).items()},
+            "variants": {
+                variant: {c: renamed[entry] for c, entry in to_entry.items()}
+                for variant, to_entry in json.loads(metadata.get("variants", "{}")).items()
+            },
+            "raw": {renamed[entry]: info for entry, info in json.loads(metadata.get("raw", "{}")).items()},
+            "layout": metadata.get("layout", ""),
+        }
+    return _encode(entries, {"format": FORMAT, "units": json.dumps(units_metadata, sort_keys=True)})
+
+
+def _content(e: _Entry) -> tuple[str, tuple[int, ...], bytes]:
+    return (e.dtype, tuple(e.shape), hashlib.sha256(e.data).digest())
 
 
 def variant_bytes(path: Path, variant: str) -> int:

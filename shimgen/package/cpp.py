@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import os
 import shutil
 import tarfile
 import tempfile
@@ -24,7 +25,7 @@ from shimgen.build import meson
 from shimgen.build.process import run
 from shimgen.errors import BuildError
 from shimgen.files import replace_dir
-from shimgen.project.render import BUILD_MANIFEST
+from shimgen.project.render import BUILD_MANIFEST, weights_env
 from shimgen.results import CppPackageResult
 from shimgen.toolchain import Toolchain
 
@@ -41,9 +42,18 @@ def archive_name(name: str, version: str, target: str) -> str:
 
 
 def build(
-    build_dir: Path, site: Path, dist: Path, prefix: Path, name: str, archive: str, tc: Toolchain, key: str
+    build_dir: Path,
+    site: Path,
+    dist: Path,
+    prefix: Path,
+    name: str,
+    archive: str,
+    tc: Toolchain,
+    key: str,
+    weights_file: Path | None = None,
 ) -> CppPackageResult:
-    """The C++ package of the project compiled in `build_dir` whose Python package is unpacked in `site`."""
+    """The C++ package of the project compiled in `build_dir` whose Python package is unpacked in `site`; checked
+    with `weights_file`, an "external" package's weights."""
     staging = prefix.with_name(prefix.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=prefix.parent) as tmp:
@@ -55,7 +65,7 @@ def build(
     dist.mkdir(parents=True, exist_ok=True)
     tarball = dist / f".{archive}.tar.gz.new"
     tarball.write_bytes(pack(staging, archive, meson.source_date_epoch()))
-    return _install(staging, tarball, dist / f"{archive}.tar.gz", prefix, name, tc, key)
+    return _install(staging, tarball, dist / f"{archive}.tar.gz", prefix, name, tc, key, weights_file)
 
 
 def install(
@@ -110,9 +120,19 @@ def pack(root: Path, top: str, epoch: int) -> bytes:
 
 
 def _install(
-    staging: Path, tarball: Path, final: Path, prefix: Path, name: str, tc: Toolchain, key: str
+    staging: Path,
+    tarball: Path,
+    final: Path,
+    prefix: Path,
+    name: str,
+    tc: Toolchain,
+    key: str,
+    weights_file: Path | None = None,
 ) -> CppPackageResult:
-    checked = run([tc.python, "-c", _CHECK, str(staging / "lib" / f"lib{name}.so"), str(staging)])
+    checked = run(
+        [tc.python, "-c", _CHECK, str(staging / "lib" / f"lib{name}.so"), str(staging)],
+        env={**os.environ, weights_env(name): str(weights_file)} if weights_file else None,
+    )
     if not checked.ok:
         shutil.rmtree(staging, ignore_errors=True)
         tarball.unlink(missing_ok=True)

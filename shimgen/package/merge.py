@@ -13,6 +13,7 @@ from packaging.version import Version
 
 from shimgen import devices
 from shimgen.errors import UserError
+from shimgen.package import manylinux
 from shimgen.package.wheel import write_wheel
 from shimgen.project.render import BUILD_MANIFEST, render_init
 
@@ -25,7 +26,7 @@ def merge(wheels: list[Path], out: Path) -> Path:
     parts = [_read(w) for w in wheels]
     first = parts[0]
     for part in parts[1:]:
-        for what in ("name", "base", "torch", "tags"):
+        for what in ("name", "base", "torch", "python"):
             if part[what] != first[what]:
                 raise UserError(
                     f"merge: {part['wheel'].name} and {first['wheel'].name} differ in {what} "
@@ -61,7 +62,8 @@ def merge(wheels: list[Path], out: Path) -> Path:
             if member.endswith("/METADATA"):
                 data = re.sub(rb"^Version: .*$", f"Version: {version}".encode(), data, count=1, flags=re.M)
             members[f"{dist_info}/{member.split('/', 1)[1]}"] = (data, executable)
-    wheel = out / f"{name}-{version}-{first['tags']}.whl"
+    platform = manylinux.platform({member: data for member, (data, _) in members.items()}).tag
+    wheel = out / f"{name}-{version}-{first['python']}-{platform}.whl"
     out.mkdir(parents=True, exist_ok=True)
     write_wheel(wheel, members)
     return wheel
@@ -88,7 +90,7 @@ def _read(wheel: Path) -> dict:
         "base": Version(str(version)).public,
         "torch": found[1],
         "targets_label": found[2],
-        "tags": "-".join(sorted({f"{t.interpreter}-{t.abi}-{t.platform}" for t in tags})),
+        "python": "-".join(sorted({f"{t.interpreter}-{t.abi}" for t in tags})),
         "members": members,
         "manifest": json.loads(manifest[0]),
     }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import dataclasses
 import hashlib
 import io
 import json
@@ -39,13 +40,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from packaging.utils import canonicalize_name
+from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from shimgen.build.meson import ZIP_EPOCH, install_plan, source_date_epoch
 from shimgen.build.process import run_python
 from shimgen.errors import BuildError
 from shimgen.files import replace_dir
-from shimgen.package import verify
+from shimgen.inductor import weights
+from shimgen.package import manylinux, verify
+from shimgen.project.render import weights_env
 from shimgen.results import PackageResult
 
 # Whether to deflate a member is judged on a sample of this many bytes: the whole member when it is smaller, else
@@ -68,14 +71,17 @@ def build_and_unpack(
     key: str,
     module_dirs: tuple[Path, ...] = (),
     plan: verify.Plan | None = None,
+    external_weights: list[tuple[str, Path]] | None = None,
 ) -> PackageResult:
     """The wheel of the project in `source` compiled in `build_dir`, in `dist`, and its contents in `site` (a
     directory that can go on sys.path); `module_dirs` hold the Python modules the package imports besides torch (the
-    spec's directory, for its custom ops' modules)."""
+    spec's directory, for its custom ops' modules). `external_weights`: flags.weights = "external", the units' weights
+    files (by unit), written as one file beside the wheel (`weights_file_of`)."""
     members = {path: (file.read_bytes(), file.suffix == ".so") for path, file in planned_members(build_dir).items()}
     project = tomllib.loads((source / "pyproject.toml").read_text())["project"]
     distribution = f"{canonicalize_name(project['name']).replace('-', '_')}-{project['version']}"
-    tag = wheel_tag()
+    platform = manylinux.platform({name: data for name, (data, _) in members.items()})
+    tag = wheel_tag(platform.tag)
     members[f"{distribution}.dist-info/METADATA"] = (_metadata(project), False)
     members[f"{distribution}.dist-info/WHEEL"] = (
         f"Wheel-Version: 1.0\nGenerator: shimgen\nRoot-Is-Purelib: false\nTag: {tag}\n\n".encode(),
@@ -87,7 +93,14 @@ def build_and_unpack(
     with tempfile.TemporaryDirectory(prefix=".shimgen-wheel-", dir=dist) as tmp:
         wheel = Path(tmp) / f"{distribution}-{tag}.whl"
         write_wheel(wheel, members)
-        return _install(wheel, staging, dist, site, name, key, module_dirs, plan)
+        weights_file = None
+        if external_weights is not None:
+            weights_file = weights_file_of(wheel)
+            weights_file.write_bytes(
+                weights.external_file([(unit, path.read_bytes()) for unit, path in external_weights])
+            )
+        packaged = _install(wheel, staging, dist, site, name, key, module_dirs, plan, weights_file)
+    return dataclasses.replace(packaged, platform_reason=platform.reason)
 
 
 def planned_members(build_dir: Path) -> dict[str, Path]:
@@ -108,19 +121,20 @@ def planned_members(build_dir: Path) -> dict[str, Path]:
     return members
 
 
-def wheel_tag() -> str:
-    """This Python's wheel tag for an extension module that is not manylinux-checked, as meson-python writes it:
-    cp311-cp311-linux_x86_64."""
+def wheel_tag(platform: str) -> str:
+    """This Python's wheel tag for extension modules of `platform` (manylinux_2_35_x86_64, or linux_x86_64 where no
+    manylinux policy fits): cp311-cp311-manylinux_2_35_x86_64."""
     interpreter = f"{sys.implementation.name[:2]}{sys.version_info.major}{sys.version_info.minor}"
     soabi = sysconfig.get_config_var("SOABI") or ""
     # cpython-311-x86_64-linux-gnu -> cp311 (cpython-313t-... -> cp313t, the free-threaded ABI)
     abi = (
         f"cp{soabi.split('-')[1]}" if soabi.startswith("cpython-") else soabi.split("-")[0].replace(".", "_") or "none"
     )
-    return f"{interpreter}-{abi}-{sysconfig.get_platform().replace('-', '_').replace('.', '_')}"
+    return f"{interpreter}-{abi}-{platform}"
 
 
 def _metadata(project: dict[str, Any]) -> bytes:
+    readme = project.get("readme", {})
     lines = [
         "Metadata-Version: 2.1",
         f"Name: {project['name']}",
@@ -128,8 +142,9 @@ def _metadata(project: dict[str, Any]) -> bytes:
         f"Summary: {project['description']}",
         f"Requires-Python: {project['requires-python']}",
         *(f"Requires-Dist: {requirement}" for requirement in project.get("dependencies", ())),
+        *([f"Description-Content-Type: {readme['content-type']}"] if readme else []),
     ]
-    return ("\n".join(lines) + "\n\n").encode()
+    return ("\n".join(lines) + "\n\n" + readme.get("text", "")).encode()
 
 
 def _write_tree(members: dict[str, tuple[bytes, bool]], root: Path) -> None:
@@ -204,9 +219,19 @@ def _unpack(wheel: Path, staging: Path) -> None:
         member.chmod(0o755)
 
 
-def _check(staging: Path, name: str, module_dirs: tuple[Path, ...], plan: verify.Plan | None) -> verify.Report:
-    """The unpacked package imported in a fresh interpreter and, given a plan, its graphs run against their traced
-    programs (shimgen/package/verify.py); where either fails, `staging` is removed and the build fails."""
+def weights_file_of(wheel: Path) -> Path:
+    """Where the weights of a wheel built with flags.weights = "external" are: beside it, named by its distribution
+    and version (resnet-0.1.0+torch2.13.0.cpu.native.safetensors)."""
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    return wheel.with_name(f"{canonicalize_name(name).replace('-', '_')}-{version}.safetensors")
+
+
+def _check(
+    staging: Path, name: str, module_dirs: tuple[Path, ...], plan: verify.Plan | None, weights_file: Path | None
+) -> verify.Report:
+    """The unpacked package imported in a fresh interpreter (an "external" package given `weights_file` through its
+    variable, as a user gives it) and, given a plan, its graphs run against their traced programs
+    (shimgen/package/verify.py); where either fails, `staging` is removed and the build fails."""
     with tempfile.TemporaryDirectory(prefix="shimgen-verify-") as tmp:
         plan_file, report_file = Path(tmp) / "plan.pickle", Path(tmp) / "report.json"
         if plan is not None:
@@ -215,6 +240,7 @@ def _check(staging: Path, name: str, module_dirs: tuple[Path, ...], plan: verify
             "shimgen.package.verify:main",
             [str(staging), name, str(report_file), str(plan_file) if plan else "-", *map(str, module_dirs)],
             fresh=(name, *(plan.op_modules if plan else ())),
+            env={weights_env(name): str(weights_file)} if weights_file else None,
         )
         report = verify.Report(**json.loads(report_file.read_text())) if report_file.is_file() else verify.Report()
     if checked.ok:
@@ -243,12 +269,15 @@ def install(
     module_dirs: tuple[Path, ...] = (),
     plan: verify.Plan | None = None,
 ) -> PackageResult:
-    """`wheel` (from the shared cache) moved into `dist` and unpacked in `site`, once it imports here and, given a
-    plan, computes what its traced programs do."""
+    """`wheel` (from the shared cache, with its external weights file beside it where it has one) moved into `dist`
+    and unpacked in `site`, once it imports here and, given a plan, computes what its traced programs do."""
     dist.mkdir(parents=True, exist_ok=True)
     staging = site.with_name(site.name + ".new")
     _unpack(wheel, staging)
-    return _install(wheel, staging, dist, site, name, key, module_dirs, plan)
+    weights_file = weights_file_of(wheel)
+    return _install(
+        wheel, staging, dist, site, name, key, module_dirs, plan, weights_file if weights_file.is_file() else None
+    )
 
 
 def _install(
@@ -260,15 +289,19 @@ def _install(
     key: str,
     module_dirs: tuple[Path, ...],
     plan: verify.Plan | None,
+    weights_file: Path | None = None,
 ) -> PackageResult:
-    report = _check(staging, name, module_dirs, plan)
+    report = _check(staging, name, module_dirs, plan, weights_file)
     final = dist / wheel.name
+    if weights_file is not None:
+        weights_file = weights_file.replace(dist / weights_file.name)
     wheel.replace(final)
     replace_dir(staging, site)
     return PackageResult(
         key=key,
         wheel=final,
         site=site,
+        weights_file=weights_file,
         verified=tuple(report.cases),
         verify_skipped=tuple(report.skipped),
         verify_seconds=report.seconds,

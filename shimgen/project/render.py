@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import jinja2
 from packaging.version import Version
 
 from shimgen import devices
-from shimgen.files import stage_key, write_if_changed
+from shimgen.files import file_hash, stage_key, write_if_changed
 from shimgen.inductor import proxy_executor, weights
 from shimgen.project import escape
 from shimgen.results import OBJECT, CodegenResult, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit, Variant
@@ -45,6 +46,7 @@ INIT_CONTEXT = (
     "op_modules",
     "docstrings",
     "freezing",
+    "weights_env",
 )
 BUILD_MANIFEST = "_shimgen_build.json"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
@@ -195,6 +197,7 @@ def render_project(
     the runtime library of its device from `prebuilt`."""
     env = _env()
     name = spec.project.name
+    external = spec.flags.weights == "external"
     files: dict[Path, str | bytes] = {}
     binding = env.get_template("project/binding.cpp.j2")
     cpp_skipped = cpp_package_skipped(spec, units)
@@ -234,12 +237,13 @@ def render_project(
                     "proxy_executor": code.extern_nodes is not None,
                 }
             )
+        # The compiled code the weights are laid out for: the models' constants tables and the kernels that read them.
+        layout = stage_key(target_id(u.target), [file_hash(p) for _, c in u.generated for p in (c.model, *c.kernels)])
         if u.code.weights_file:
-            dynamic = u.code.weights_file
-            files[out / "src" / u.name / f"{u.name}.safetensors"] = (
-                weights.merged(dynamic, [(v.name, v.code.weights_file) for v in u.variants if v.code.weights_file])
-                if u.variants
-                else dynamic.read_bytes()
+            files[out / "src" / u.name / weights_file_name(u)] = weights.unit_file(
+                u.code.weights_file,
+                [(v.name, v.code.weights_file) for v in u.variants if v.code.weights_file],
+                layout,
             )
         context = _binding_context(u, tc, spec, target_ids)
         files[out / "src" / u.name / "graph_spec.h"] = env.get_template("project/graph_spec.h.j2").render(context)
@@ -251,7 +255,9 @@ def render_project(
                 "graph": u.graph.name,
                 "device": u.target.device,
                 "models": models,
-                "weights_file": f"{u.name}.safetensors" if u.code.weights_file else None,
+                # In the package's directory; "external" weights come from elsewhere (the manifest's weights_env).
+                "weights_file": weights_file_name(u) if u.code.weights_file and not external else None,
+                "weights_layout": layout,
                 "constants": weights.package_view(weights.read_constants(u.code.constants), u.code.state)
                 if u.code.constants
                 else [],
@@ -313,6 +319,7 @@ def render_project(
         "op_libraries": libraries,
         "op_modules": _op_modules(spec, units),
         "freezing": spec.flags.freezing,
+        "weights_env": weights_env(name) if external else None,
         "docstrings": {
             g.name: docstring(
                 g,
@@ -338,7 +345,9 @@ def render_project(
         ):
             files[path] = env.get_template(f"project/cpp/{template}").render(cpp_context)
     files[out / "meson.build"] = env.get_template("project/meson.build.j2").render(context)
-    files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(context)
+    files[out / "pyproject.toml"] = env.get_template("project/pyproject.toml.j2").render(
+        context, readme=readme(name, spec.project.description, target_ids, context["docstrings"])
+    )
     # Devices and names only: the manifest holds no path of the build machine.
     package = {
         **{k: context[k] for k in INIT_CONTEXT},
@@ -351,6 +360,7 @@ def render_project(
                     "graph",
                     "device",
                     "weights_file",
+                    "weights_layout",
                     "constants",
                     "unused_weights",
                     "refit",
@@ -377,6 +387,26 @@ def render_project(
             f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content)
         )
     return RenderedProject(key=digest.hexdigest(), root=out, sources=tuple(sorted(files)))
+
+
+def readme(name: str, description: str, target_ids: str, docstrings: dict[str, str]) -> str:
+    """The wheel's long description (Markdown): what the package is, and each callable's docstring."""
+    lines = [f"# {name}", ""] + ([description, ""] if description else [])
+    lines += [f"A PyTorch model compiled by shimgen for {target_ids}; `import {name}` needs torch alone.", ""]
+    for graph, text in docstrings.items():
+        lines += [f"## `{name}.{graph}`", "", "```text", text.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def weights_file_name(unit: Unit) -> str:
+    """A unit's weights file in the generated project (and, but for "external" weights, in the package)."""
+    return f"{unit.name}.safetensors"
+
+
+def weights_env(package: str) -> str:
+    """The environment variable a package built with flags.weights = "external" takes its weights file's path from:
+    RESNET_WEIGHTS."""
+    return re.sub(r"\W", "_", package).upper() + "_WEIGHTS"
 
 
 def cpp_package_skipped(spec: ProjectSpec, units: list[Unit]) -> str | None:
@@ -506,6 +536,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "has_last_error": tc.has_last_error,
         "proxy_executor": u.code.extern_nodes is not None,
         "weights_in_file": u.code.weights_file is not None,
+        "no_weights": _no_weights(spec.project.name, spec.flags.weights),
         "state": sorted({name for _, code in u.generated for name in code.state}),
         "variants": [
             {
@@ -527,6 +558,20 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
             u.variants,
         ),
     }
+
+
+def _no_weights(package: str, where: str) -> str:
+    """What a call says where the graph has no weights yet (shimgen_graph.h's GraphSpec::no_weights)."""
+    if where != "external":
+        return (
+            "no weights are loaded; import the package, which maps its weights file, rather than its extension module"
+        )
+    return (
+        f"no weights are loaded: package {package} was built with flags.weights = 'external' and ships none. Give it "
+        f"the weights file its build wrote beside the wheel: set {weights_env(package)} to its path before the "
+        f"package is imported (Python) or loaded (C++), or call {package}.load_weights(path) (Python), "
+        f"{package}::load(path) or load_weights(path) (C++)"
+    )
 
 
 def _refit(code: CodegenResult) -> dict[str, Any] | None:

@@ -92,6 +92,8 @@ class Unit:
         self.programs += [v.get("refit") for v in unit.get("variants", ())]
         self.unused = set(unit.get("unused_weights", ()))  # the model's weights the compiled graph does not read
         self.file = os.path.join(directory, unit["weights_file"]) if unit.get("weights_file") else None
+        self.layout = unit.get("weights_layout", "")  # the compiled code the constants are laid out for
+        self.loaded = False  # weights handed to the extension (an "external" package's are not, until loaded)
         self.stateful = any(c.get("state") for c in self.constants)
         self.state_owner = unit.get("state_owner", "")
 
@@ -105,24 +107,29 @@ class Unit:
     def constants(self) -> list[dict[str, Any]]:
         return [c for _, constants in self.models for c in constants]
 
-    def from_file(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list[list[torch.Tensor]] | None:
+    def from_file(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> list[list[torch.Tensor]] | str:
         """The bytes of each model's constants in a shimgen weights file (this build's, or another build's of the same
-        graph), or None where the file does not hold them all."""
-        variants = json.loads(metadata.get("variants", "{}"))
+        compiled code): a unit's own file, its metadata at the top level, or an "external" package's file, by unit
+        under "units". Where the file does not hold them all, why not."""
+        if "units" in metadata:
+            mine = json.loads(metadata["units"]).get(self.name)
+            if mine is None:
+                return "holds no weights of it"
+        else:
+            mine = {key: json.loads(metadata.get(key, "{}")) for key in ("constants", "variants")}
+            mine["layout"] = metadata.get("layout", "")
+        if mine.get("layout") and self.layout and mine["layout"] != self.layout:
+            return "its weights are laid out for other compiled code (another build, spec or shimgen)"
         given: list[list[Any]] = []
         for variant, constants in self.models:
-            to_entry = (
-                variants.get(variant)
-                if variant
-                else {c: e for e, c in json.loads(metadata.get("constants", "{}")).items()}
-            )
+            to_entry = mine["variants"].get(variant) if variant else {c: e for e, c in mine["constants"].items()}
             if to_entry is None:
-                return None
+                return f"holds no weights of its variant {variant}"
             given.append([])
             for c in constants:
                 entry = to_entry.get(c["name"])
                 if entry not in tensors or _as_bytes(tensors[entry]).numel() != c["nbytes"]:
-                    return None
+                    return f"holds no constant {c['name']} of the size its code takes"
                 given[-1].append(_as_bytes(tensors[entry]))
         return given
 
@@ -181,11 +188,14 @@ class Unit:
         }
 
     def _copy(self, c: dict[str, Any], value: Any) -> torch.Tensor | None:
-        if c.get("state"):
+        if c.get("state") and self.loaded:
             return None  # the package's state, whatever the state dict holds
         if value is None:
-            if c["kind"] == "Parameter":  # buffers and constants left out keep their values
-                raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is missing")
+            if c["kind"] == "Parameter" or not self.loaded:  # buffers and constants left out keep their values
+                raise WeightsError(
+                    f"graph {self.graph}: weight '{c['fqn']}' is missing"
+                    + ("" if self.loaded else " (the package has no weights yet to keep it from)")
+                )
             return None
         if not isinstance(value, torch.Tensor):
             raise WeightsError(f"graph {self.graph}: weight '{c['fqn']}' is a {type(value).__name__}, not a tensor")
@@ -217,6 +227,7 @@ class Weights:
         directory = os.path.dirname(init_file)
         with open(os.path.join(directory, MANIFEST)) as f:
             manifest = json.load(f)
+        self.package = package
         self.units = [Unit(package, directory, u, bool(manifest.get("freezing"))) for u in manifest["units"]]
         # By (device, the module's graphs' state_owner), then weight name: the initial value (the file's bytes) and the
         # live
@@ -226,15 +237,27 @@ class Weights:
         for unit in self.units:
             if unit.file:
                 given = unit.from_file(*read_safetensors(unit.file))
-                if given is None:
+                if isinstance(given, str):
                     raise ImportError(
                         f"{unit.file} does not hold the weights of graph {unit.graph}; reinstall the package"
                     )
-                unit.module._set_weights(self._with_state(unit, given))
+                self._give(unit, given)
         groups = [group for group in (unit.module._state_group() for unit in self.units) if group is not None]
         for unit in self.units:
             if groups:
                 unit.module._join_state_group(groups[0])
+        # flags.weights = "external": the package ships none; they come from the file this variable names, if set.
+        variable = manifest.get("weights_env")
+        path = os.environ.get(variable) if variable else None
+        if path:
+            try:
+                self.load(path)
+            except (WeightsError, OSError, ValueError) as exc:
+                raise ImportError(f"{variable}={path}: {exc}") from None
+
+    def _give(self, unit: Unit, given: list[list[Any]]) -> None:
+        unit.module._set_weights(self._with_state(unit, given))
+        unit.loaded = True
 
     def _with_state(self, unit: Unit, given: list[list[Any]]) -> list[list[Any]]:
         """`given` with each state constant's bytes replaced by the package's live state (made from them the first time)."""
@@ -330,20 +353,24 @@ class Weights:
         if unknown:
             raise WeightsError(self._unknown(unknown))
         for unit, given in plans:
-            unit.module._set_weights(self._with_state(unit, given))
+            self._give(unit, given)
 
     def _load_file(
         self, path: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str], units: list[Unit]
     ) -> None:
+        """A shimgen weights file: into every unit it holds all the constants of; where it leaves a unit without weights
+        (an "external" package's first load), an error naming each unit and why."""
         read = [(unit, unit.from_file(tensors, metadata)) for unit in units]
-        found = [(unit, given) for unit, given in read if given is not None]
-        if not found:
+        found = [(unit, given) for unit, given in read if not isinstance(given, str)]
+        unfit = [(unit, why) for unit, why in read if isinstance(why, str)]
+        if not found or any(not unit.loaded for unit, _ in unfit):
+            reasons = "; ".join(f"{unit.name}: {why}" for unit, why in unfit)
             raise WeightsError(
-                f"{path} holds the weights of no graph in this package as it was built ({', '.join(u.name for u in units)}): "
-                "it comes from a build of another model, or with other flags"
+                f"{path} does not hold the weights of this package's graphs as they were built ({reasons}): it comes "
+                "from a build of another model, or with other flags or code"
             )
         for unit, given in found:
-            unit.module._set_weights(self._with_state(unit, given))
+            self._give(unit, given)
 
     def _select(self, graphs: Iterable[str] | None) -> list[Unit]:
         if graphs is None:

@@ -253,7 +253,7 @@ void Graph::check_devices(const at::TensorBase* const* inputs) const {
 
 Model& Graph::prepare(const at::TensorBase* const* inputs, const int64_t* dim_values) {
   if (spec_.weights_in_file && !weights_given_) {
-    throw Error(prefix(spec_) + "no weights are loaded; import the package, which maps its weights file, rather than its extension module");
+    throw Error(prefix(spec_) + spec_.no_weights);
   }
 #ifdef SHIMGEN_CUDA
   if (spec_.cuda) {

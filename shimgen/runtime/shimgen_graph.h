@@ -76,7 +76,8 @@ struct GraphSpec {
   const VariantInfo* variants;  // the specialized variants, each a library beside the extension
   size_t num_variants;
   const char* const* state;  // the constants (by weight name) the graph updates in place, nullptr-terminated
-  bool weights_in_file;      // flags.weights = "file": the library holds no weights; they are handed over before a call
+  bool weights_in_file;      // flags.weights "file" or "external": the library holds no weights; they are handed over
+  const char* no_weights;    // what a call says where none were handed over yet (after "<name>(): ")
   int32_t instances;         // model instances per container: this many threads run the model at once
   bool cuda_graphs;          // flags.cuda_graphs on a cuda target: static models are replayed from CUDA graphs
   const ModelApi* linked;    // the dynamic model, linked into the extension

@@ -205,35 +205,52 @@ bool WeightsFile::is_one(const Safetensors& file) {
   return format && *format == kFormat;
 }
 
-WeightsFile::WeightsFile(std::shared_ptr<const Safetensors> file) : file_(std::move(file)) {
-  auto parse = [&](const char* key) {
-    const std::string* text = file_->metadata(key);
-    Json empty;
-    empty.kind = Json::kObject;
-    if (!text) return empty;
-    try {
-      Json json = Json::parse(*text);
-      if (json.kind == Json::kObject) return json;
-    } catch (const std::exception&) {
-    }
-    throw Error(file_->path() + ": its metadata '" + key + "' is not a JSON object; the file is damaged");
+WeightsFile::WeightsFile(std::shared_ptr<const Safetensors> file, const std::string& unit) : file_(std::move(file)) {
+  const std::string damaged = file_->path() + ": its metadata is damaged (";
+  auto object = [&](const Json* json, const std::string& what) -> const Json* {
+    if (json && json->kind != Json::kObject) throw Error(damaged + what + " is not a JSON object)");
+    return json;
   };
-  auto strings = [&](const Json& json, const char* key, auto add) {
-    for (const auto& [name, value] : json.object) {
-      if (value.kind != Json::kString) {
-        throw Error(file_->path() + ": its metadata '" + key + "' maps '" + name + "' to a non-string");
-      }
+  auto strings = [&](const Json* json, const std::string& what, auto add) {
+    if (!object(json, what)) return;
+    for (const auto& [name, value] : json->object) {
+      if (value.kind != Json::kString) throw Error(damaged + what + " maps '" + name + "' to a non-string)");
       add(name, value.string);
     }
   };
-  strings(parse("constants"), "constants",
-          [&](const std::string& entry, const std::string& constant) { dynamic_[constant] = entry; });
-  for (const auto& [variant, to_entry] : parse("variants").object) {
-    if (to_entry.kind != Json::kObject) {
-      throw Error(file_->path() + ": its metadata 'variants' maps '" + variant + "' to a non-object");
+  auto parsed = [&](const char* key) {
+    std::optional<Json> json;
+    if (const std::string* text = file_->metadata(key)) {
+      try {
+        json = Json::parse(*text);
+      } catch (const std::exception&) {
+        throw Error(damaged + "'" + key + "' is not JSON)");
+      }
     }
+    return json;
+  };
+  // An "external" package's file holds every unit's metadata under "units"; a unit's own file, at its top level.
+  const std::optional<Json> units = parsed("units");
+  const Json* mine = nullptr;
+  std::optional<Json> constants, variants;
+  if (units) {
+    mine = object(&*units, "'units'") ? units->get(unit) : nullptr;
+    if (!mine) return;
+    object(mine, "'units'." + unit);
+    if (const Json* layout = mine->get("layout"); layout && layout->kind == Json::kString) layout_ = layout->string;
+  } else {
+    constants = parsed("constants");
+    variants = parsed("variants");
+    if (const std::string* layout = file_->metadata("layout")) layout_ = *layout;
+  }
+  holds_unit_ = true;
+  strings(mine ? mine->get("constants") : constants ? &*constants : nullptr, "'constants'",
+          [&](const std::string& entry, const std::string& constant) { dynamic_[constant] = entry; });
+  const Json* by_variant = object(mine ? mine->get("variants") : variants ? &*variants : nullptr, "'variants'");
+  if (!by_variant) return;
+  for (const auto& [variant, to_entry] : by_variant->object) {
     auto& map = variants_[variant];
-    strings(to_entry, "variants",
+    strings(&to_entry, "'variants'." + variant,
             [&](const std::string& constant, const std::string& entry) { map[constant] = entry; });
   }
 }
@@ -374,7 +391,7 @@ void Package::start(Unit& unit) {
       throw Error(e.what() + std::string("; reinstall the package"));
     }
     if (!WeightsFile::is_one(*file)) throw Error(wrong);
-    const WeightsFile weights(file);
+    const WeightsFile weights(file, unit_name(unit));
     Given given;
     for (size_t m = 0; m < unit.graph->num_models(); ++m) {
       auto model = weights.model_weights(unit.graph->model(m).variant, unit.constants[m]);
@@ -463,9 +480,15 @@ void Package::load_weights(const std::string& path) {
     throw Error(path + ": no graph of package " + info_.name + " runs in this process, which has no GPU");
   }
   if (WeightsFile::is_one(*file)) {
-    const WeightsFile weights(file);
+    std::string other_code;
     for (auto& unit : units_) {
       if (!unit->ready) continue;
+      const WeightsFile weights(file, unit_name(*unit));
+      if (!weights.holds_unit()) continue;
+      if (!weights.layout().empty() && weights.layout() != unit->info.weights_layout) {
+        other_code += (other_code.empty() ? "" : ", ") + unit_name(*unit);
+        continue;
+      }
       Given given;
       for (size_t m = 0; m < unit->graph->num_models(); ++m) {
         auto model = weights.model_weights(unit->graph->model(m).variant, unit->constants[m]);
@@ -473,6 +496,11 @@ void Package::load_weights(const std::string& path) {
         given.push_back(std::move(*model));
       }
       if (given.size() == unit->graph->num_models()) plans.emplace_back(unit.get(), std::move(given));
+    }
+    if (plans.empty() && !other_code.empty()) {
+      throw Error(path + " holds weights laid out for other compiled code than this package's (" + other_code +
+                  "): it comes from another build, spec or shimgen; load the file of this package's build, or the "
+                  "model's state dict");
     }
     if (plans.empty()) {
       throw Error(path + " holds the weights of no graph in this package as it was built (" + names +
@@ -518,7 +546,17 @@ std::shared_ptr<Package> open_package(const PackageInfo& info, const std::string
                 "::load() the prefix the package is installed under");
   }
   auto package = std::make_shared<Package>(info, paths.directory);
-  if (!paths.weights.empty()) package->load_weights(paths.weights);
+  std::string weights = paths.weights;
+  const char* from_env = *info.weights_env ? std::getenv(info.weights_env) : nullptr;
+  if (weights.empty() && from_env && *from_env) weights = from_env;
+  if (!weights.empty()) {
+    try {
+      package->load_weights(weights);
+    } catch (const Error& e) {
+      if (weights != from_env) throw;
+      throw Error(std::string(info.weights_env) + "=" + weights + ": " + e.what());
+    }
+  }
   return package;
 }
 

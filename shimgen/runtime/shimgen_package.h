@@ -26,7 +26,8 @@ struct UnitInfo {
   const GraphSpec* spec;      // its tables; spec->linked is nullptr: the dynamic model is `model_library`
   size_t graph;               // index into PackageInfo::graphs
   const char* model_library;  // the dynamic model's library, in the package's directory: "<unit>.so"
-  const char* weights_file;   // its weights file in the package's directory, or "": the weights are in the libraries
+  const char* weights_file;   // its weights file in the package's directory, or "": in the libraries, or external
+  const char* weights_layout;  // the compiled code its weights are laid out for (a weights file's "layout" must match)
   const char* state_owner;    // units with the same owner (and device) share their state tensors
 };
 
@@ -40,6 +41,7 @@ struct PackageInfo {
   size_t num_units;
   const char* const* op_libraries;  // file names under <directory>ops/, loaded first
   size_t num_op_libraries;
+  const char* weights_env;  // flags.weights = "external": the variable naming the weights file to load ("" otherwise)
 };
 
 class Package {
@@ -107,12 +109,17 @@ std::string torch_version_in(const std::string& lib_directory);
 // Throws Error where `lib_directory`'s torch has another release (X.Y.Z) than `built_for`; goes on where unknown.
 void check_torch(const std::string& library, const std::string& built_for, const std::string& lib_directory);
 
-// A shimgen weights file (metadata "format": "shimgen-weights-1"): its entries by model.
+// A shimgen weights file (metadata "format": "shimgen-weights-1"): one unit's entries by model, from a unit's own file
+// (its metadata at the top level) or an "external" package's file (by unit, under "units").
 class WeightsFile {
  public:
   static bool is_one(const Safetensors& file);
-  explicit WeightsFile(std::shared_ptr<const Safetensors> file);  // throws Error on bad metadata
+  // `unit`: its name ("forward_cpu"). Throws Error on bad metadata.
+  WeightsFile(std::shared_ptr<const Safetensors> file, const std::string& unit);
   const Safetensors& file() const { return *file_; }
+  bool holds_unit() const { return holds_unit_; }
+  // The compiled code the unit's constants are laid out for (UnitInfo::weights_layout); "" where the file says not.
+  const std::string& layout() const { return layout_; }
   // The bytes of each of `constants`, of the dynamic model (`variant` nullptr: metadata "constants", entry ->
   // constant) or of a variant ("variants"[variant->name]: constant -> entry); nullopt where the file lacks one or its
   // size differs.
@@ -121,6 +128,8 @@ class WeightsFile {
 
  private:
   std::shared_ptr<const Safetensors> file_;
+  bool holds_unit_ = false;
+  std::string layout_;
   std::unordered_map<std::string, std::string> dynamic_;
   std::unordered_map<std::string, std::unordered_map<std::string, std::string>> variants_;
 };

@@ -185,13 +185,22 @@ class Flags:
         "load_weights() computes them again from new weights by the operations the build recorded.",
         default=True,
     )
-    weights: Literal["embedded", "file"] = doc(
+    weights: Literal["embedded", "file", "external"] = doc(
         "Where the package keeps the weights: 'file' ships them beside each graph's extension as a safetensors file "
         "(64-byte aligned where sizes allow), mapped at import and shared by every process that loads the package; "
-        "'embedded' compiles them into the extension, which copies them to memory at import. 'file' builds faster "
-        "(no weights to link or compress) and, without freezing, a new checkpoint rebuilds only that file.",
+        "'embedded' compiles them into the extension, which copies them to memory at import; 'external' ships none: "
+        "the build writes them to one file beside the wheel (dist/<name>-<version>.safetensors), which the package "
+        "maps from the path in $<NAME>_WEIGHTS at import or given to load_weights() (Python) or load() (C++), after "
+        "checking that it was made for this build's compiled code. 'file' and 'external' build faster (no weights to "
+        "link or compress) and, without freezing, a new checkpoint rebuilds only the weights file.",
         default="file",
     )
+
+    @property
+    def weights_apart(self) -> bool:
+        """The extension holds no weights: they come from a weights file ('file' or 'external')."""
+        return self.weights != "embedded"
+
     onednn: bool = doc(
         "Native ISA, with freezing: let Inductor hand convolutions and linear layers to oneDNN (and MKL) with "
         "weights prepacked for the build machine's CPU. Much faster for convolutions (ResNet-18 batch 1: 12 vs 22 ms "

@@ -4,9 +4,11 @@ in a running package (checked, double-buffered), and a checkpoint change that re
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
+import tarfile
 import textwrap
 import zipfile
 from pathlib import Path
@@ -108,12 +110,13 @@ print(json.dumps(results))
 """
 
 
-def run(summary: dict[str, Any], code: str, cwd: Path) -> dict[str, Any]:
+def run(summary: dict[str, Any], code: str, cwd: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", RUN, summary["package_dir"], summary["name"], textwrap.dedent(code)],
         capture_output=True,
         text=True,
         cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -344,3 +347,83 @@ def test_embedded_weights_are_in_the_extension_and_load_weights_works_the_same(t
     )
     assert results["built"] < 1e-5 and results["new"] < 1e-5
     assert results["partial"] == "WeightsError: graph forward: weight '3.bias' is missing"
+
+
+def with_layout(source: Path, out: Path, layout: str) -> None:
+    """A copy of an "external" weights file whose units say their weights are laid out for other compiled code."""
+    data = source.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    units = json.loads(header["__metadata__"]["units"])
+    header["__metadata__"]["units"] = json.dumps({name: {**unit, "layout": layout} for name, unit in units.items()})
+    text = json.dumps(header).encode()
+    text += b" " * (-(8 + len(text)) % 64)
+    out.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length :])
+
+
+def test_external_weights_ship_apart_and_come_from_the_variable_or_load_weights(tmp_path: Path) -> None:
+    """flags.weights = "external": neither the wheel nor the C++ package holds weights; the build writes them beside the
+    wheel. The package imports without them (a call says how to give them), takes them from $EXTERNAL_WEIGHTS or
+    load_weights(), and refuses a file laid out for other compiled code; a state dict is refit (freezing is on)."""
+    spec = project(tmp_path / "external", "external", 'weights = "external"')
+    summary = build_json(spec, tmp_path / "out")
+    wheel, weights_file = Path(summary["wheel"]), Path(summary["weights_file"])
+    assert weights_file.parent == wheel.parent and weights_file.name.startswith("external-0.1.0+torch")
+    with zipfile.ZipFile(wheel) as zf:
+        assert not [name for name in zf.namelist() if name.endswith(".safetensors")]
+    with tarfile.open(summary["cpp_archive"]) as tar:
+        assert not [name for name in tar.getnames() if name.endswith(".safetensors")]
+    assert not list(Path(summary["package_dir"]).rglob("*.safetensors"))
+    with_layout(weights_file, tmp_path / "other.safetensors", "another build's")
+    built, new = str(spec.parent / "weights.pt"), str(tmp_path / "new.pt")
+    torch.save(weights(1), new)
+    results = run(
+        summary,
+        f"""
+        try:
+            package.forward(x)
+        except RuntimeError as exc:
+            results["call"] = str(exc)
+        state = torch.load({new!r}, weights_only=True)
+        results["partial"] = error({{k: v for k, v in state.items() if k != "4.running_mean"}})
+        package.load_weights(state)
+        results["refit"] = (package.forward(x) - eager({new!r})).abs().max().item()
+        package.load_weights({str(weights_file)!r})
+        results["file"] = (package.forward(x) - eager({built!r})).abs().max().item()
+        results["other"] = error({str(tmp_path / "other.safetensors")!r})
+    """,
+        tmp_path,
+    )
+    assert results["call"] == (
+        "forward(): no weights are loaded: package external was built with flags.weights = 'external' and ships none. "
+        "Give it the weights file its build wrote beside the wheel: set EXTERNAL_WEIGHTS to its path before the package "
+        "is imported (Python) or loaded (C++), or call external.load_weights(path) (Python), external::load(path) or "
+        "load_weights(path) (C++)"
+    )
+    assert results["partial"] == (
+        "WeightsError: graph forward: weight '4.running_mean' is missing (the package has no weights yet to keep it "
+        "from)"
+    )
+    assert results["refit"] < 1e-5 and results["file"] < 1e-5
+    assert results["other"] == (
+        f"WeightsError: {tmp_path / 'other.safetensors'} does not hold the weights of this package's graphs as they "
+        "were built (forward_cpu: its weights are laid out for other compiled code (another build, spec or shimgen)): "
+        "it comes from a build of another model, or with other flags or code"
+    )
+    code = f'results["err"] = (package.forward(x) - eager({built!r})).abs().max().item()'
+    assert run(summary, code, tmp_path, {"EXTERNAL_WEIGHTS": str(weights_file)})["err"] < 1e-5
+    refused = subprocess.run(
+        [sys.executable, "-c", RUN, summary["package_dir"], "external", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "EXTERNAL_WEIGHTS": str(tmp_path / "other.safetensors")},
+    )
+    assert refused.returncode == 1
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"ImportError: EXTERNAL_WEIGHTS={tmp_path / 'other.safetensors'}: {tmp_path / 'other.safetensors'} does not "
+            "hold the weights"
+        )
+    )

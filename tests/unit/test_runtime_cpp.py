@@ -47,6 +47,7 @@ def test_runtime_unit_tests_pass(built: tuple[Path, object]) -> None:
         "package_paths",
         "package",
         "package_errors",
+        "external_package",
     ):
         assert f"ok {name}" in log, log
 

@@ -172,7 +172,7 @@ const char* const kNoState[] = {nullptr};
 
 shimgen::GraphSpec spec() {
   return {"f", "_f_cpu", "cpu-native", false, kInputs, 3, 2, kDims, 2, 5, kOutNodes, 10, kObjects, 1, kVariants, 3, kNoState,
-          false, 2, false, nullptr, ""};
+          false, "no weights are loaded", 2, false, nullptr, ""};
 }
 
 // The InputError that checking these inputs throws: "TypeError: message", "ValueError: message", or "" for none.
@@ -472,8 +472,8 @@ void test_weights_file() {
                                  {"n1/fc.weight", "F32", {2, 2}, floats({5, 6, 7, 8})}},
                                 R"({"_frozen_param0": "_frozen_param0", "fc.weight": "fc_weight"})",
                                 R"({"n1": {"_frozen_param0": "_frozen_param0", "fc_weight": "n1/fc.weight"}})"));
-  const shimgen::WeightsFile file(shimgen::Safetensors::open(path));
-  EXPECT(shimgen::WeightsFile::is_one(file.file()));
+  const shimgen::WeightsFile file(shimgen::Safetensors::open(path), "f_cpu");
+  EXPECT(shimgen::WeightsFile::is_one(file.file()) && file.holds_unit() && file.layout().empty());
   const std::vector<shimgen::Constant> constants = {constant("fc_weight", "model.fc.weight", {2, 2}),
                                                     constant("_frozen_param0", "_frozen_param0", {2, 2}, {1, 2})};
   const auto dynamic = file.model_weights(nullptr, constants);
@@ -498,8 +498,24 @@ void test_weights_file() {
   write_file(dir + "plain.safetensors", safetensors({{"w", "F32", {2}, floats({1, 2})}}, {}));
   EXPECT(!shimgen::WeightsFile::is_one(*shimgen::Safetensors::open(dir + "plain.safetensors")));
   write_file(dir + "bad.safetensors", safetensors({}, {{"format", "shimgen-weights-1"}, {"constants", "[1, 2"}}));
-  EXPECT_EQ(error_of([&] { shimgen::WeightsFile(shimgen::Safetensors::open(dir + "bad.safetensors")); }),
-            dir + "bad.safetensors: its metadata 'constants' is not a JSON object; the file is damaged");
+  EXPECT_EQ(error_of([&] { shimgen::WeightsFile(shimgen::Safetensors::open(dir + "bad.safetensors"), "f_cpu"); }),
+            dir + "bad.safetensors: its metadata is damaged ('constants' is not JSON)");
+
+  // An "external" package's file: each unit's metadata under "units", its entries named in the file's own terms.
+  write_file(dir + "external.safetensors",
+             safetensors({{"f_cpu/fc.weight", "F32", {2, 2}, floats({1, 2, 3, 4})},
+                          {"f_cpu/n1/fc.weight", "F32", {2, 2}, floats({5, 6, 7, 8})}},
+                         {{"format", "shimgen-weights-1"},
+                          {"units", R"({"f_cpu": {"constants": {"f_cpu/fc.weight": "fc_weight"}, "layout": "abc",)"
+                                    R"( "variants": {"n1": {"fc_weight": "f_cpu/n1/fc.weight"}}}})"}}));
+  const auto external = shimgen::Safetensors::open(dir + "external.safetensors");
+  const shimgen::WeightsFile f_cpu(external, "f_cpu"), g_cpu(external, "g_cpu");
+  EXPECT(f_cpu.holds_unit() && f_cpu.layout() == "abc" && !g_cpu.holds_unit());
+  const auto by_unit = f_cpu.model_weights(&n1, {constant("fc_weight", "model.fc.weight", {2, 2})});
+  EXPECT(by_unit && by_unit->size() == 1);
+  if (by_unit && by_unit->size() == 1) {
+    EXPECT(values(at::Tensor((*by_unit)[0]).view(at::kFloat)) == std::vector<float>({5, 6, 7, 8}));
+  }
 }
 
 void test_weights_by_name() {
@@ -556,8 +572,8 @@ void test_pick_unit() {
   cuda.cuda = true;
   const char* const graphs[] = {"f", "g"};
   const shimgen::UnitInfo units[] = {
-      {&cuda, 0, "f_cuda.so", "", ""}, {&cpu, 0, "f_cpu.so", "", ""}, {&cuda, 1, "g_cuda.so", "", ""}};
-  const shimgen::PackageInfo info = {"p", "1.0", "2.13.0", graphs, 2, units, 3, nullptr, 0};
+      {&cuda, 0, "f_cuda.so", "", "", ""}, {&cpu, 0, "f_cpu.so", "", "", ""}, {&cuda, 1, "g_cuda.so", "", "", ""}};
+  const shimgen::PackageInfo info = {"p", "1.0", "2.13.0", graphs, 2, units, 3, nullptr, 0, ""};
   EXPECT(shimgen::pick_unit(info, 0, false) == 1);
   EXPECT(shimgen::pick_unit(info, 0, true) == 0);
   EXPECT(shimgen::pick_unit(info, 1, true) == 2);
@@ -568,7 +584,7 @@ void test_pick_unit() {
 void test_package_paths() {
   const std::string dir = temp_directory();
   const char* const graphs[] = {"f"};
-  const shimgen::PackageInfo info = {"fake", "1.0", "2.13.0", graphs, 1, nullptr, 0, nullptr, 0};
+  const shimgen::PackageInfo info = {"fake", "1.0", "2.13.0", graphs, 1, nullptr, 0, nullptr, 0, ""};
   mkdir((dir + "lib").c_str(), 0755);
   mkdir((dir + "lib/fake").c_str(), 0755);
   write_file(dir + "w.safetensors", "");
@@ -595,16 +611,31 @@ const shimgen::VariantInfo kFakeVariants[] = {{"n1", "n=1", "f_cpu_n1.so", kN1, 
 const shimgen::OutNode kFakeOut[] = {{shimgen::kTensor, 0, nullptr, 0, -1}};
 const char* const kFakeState[] = {"model.s", nullptr};
 const shimgen::GraphSpec kFakeF = {"f", "_f_cpu", "cpu-native", false, kFakeInputs, 1, 1, kFakeDims, 1, 1, kFakeOut, 1,
-                                   nullptr, 0, kFakeVariants, 1, kFakeState, true, 2, false, nullptr, ""};
+                                   nullptr, 0, kFakeVariants, 1, kFakeState, true, "no weights", 2, false, nullptr, ""};
 const shimgen::GraphSpec kFakeG = {"g", "_g_cpu", "cpu-native", false, kFakeInputs, 1, 1, kFakeDims, 1, 1, kFakeOut, 1,
-                                   nullptr, 0, nullptr, 0, kFakeState, true, 2, false, nullptr, ""};
+                                   nullptr, 0, nullptr, 0, kFakeState, true, "no weights", 2, false, nullptr, ""};
 const char* const kFakeGraphs[] = {"f", "g"};
-const shimgen::UnitInfo kFakeUnits[] = {{&kFakeF, 0, "f_cpu.so", "f_cpu.safetensors", "owner"},
-                                        {&kFakeG, 1, "g_cpu.so", "g_cpu.safetensors", "owner"}};
+const shimgen::UnitInfo kFakeUnits[] = {{&kFakeF, 0, "f_cpu.so", "f_cpu.safetensors", "f-code", "owner"},
+                                        {&kFakeG, 1, "g_cpu.so", "g_cpu.safetensors", "g-code", "owner"}};
+// The same package built with flags.weights = "external": no weights file in its directory.
+const shimgen::UnitInfo kExternalUnits[] = {{&kFakeF, 0, "f_cpu.so", "", "f-code", "owner"},
+                                            {&kFakeG, 1, "g_cpu.so", "", "g-code", "owner"}};
 
 shimgen::PackageInfo fake_info() {
   static const std::string torch = shimgen::torch_version_in(shimgen::loaded_torch_directory());
-  return {"fake", "1.0", torch.c_str(), kFakeGraphs, 2, kFakeUnits, 2, nullptr, 0};
+  return {"fake", "1.0", torch.c_str(), kFakeGraphs, 2, kFakeUnits, 2, nullptr, 0, ""};
+}
+
+// The weights file an "external" build of the stand-in writes beside its wheel (weights.external_file), with these
+// layouts for f's and g's compiled code.
+std::string external_weights(const std::string& f_layout, const std::string& g_layout) {
+  return safetensors({{"f_cpu/w", "F32", {2}, floats({1, 2})}, {"f_cpu/s", "F32", {1}, floats({100})},
+                      {"f_cpu/n1/w", "F32", {2}, floats({10, 20})}, {"g_cpu/w", "F32", {2}, floats({3, 4})}},
+                     {{"format", "shimgen-weights-1"},
+                      {"units", R"({"f_cpu": {"constants": {"f_cpu/s": "s", "f_cpu/w": "w"}, "layout": ")" + f_layout +
+                                    R"(", "variants": {"n1": {"s": "f_cpu/s", "w": "f_cpu/n1/w"}}}, "g_cpu": )"
+                                    R"({"constants": {"f_cpu/s": "s", "g_cpu/w": "w"}, "layout": ")" +
+                                    g_layout + R"(", "variants": {}}})"}});
 }
 
 // An installed package of the stand-in under a new prefix; its private directory.
@@ -742,6 +773,41 @@ void test_package_errors() {
                 "). Rebuild the package with that torch, or run it with torch 1.0.0");
 }
 
+void test_external_package() {
+  const std::string dir = install_fake(), other = temp_directory();
+  unlink((dir + "f_cpu.safetensors").c_str());
+  unlink((dir + "g_cpu.safetensors").c_str());
+  shimgen::PackageInfo info = fake_info();
+  info.units = kExternalUnits;
+  info.weights_env = "FAKE_WEIGHTS";
+  const at::Tensor ones2 = at::ones({2, 2});
+  // Without weights it loads, and a call says what to do.
+  unsetenv("FAKE_WEIGHTS");
+  const std::string prefix = dir.substr(0, dir.size() - std::string("lib/fake/").size());
+  std::shared_ptr<shimgen::Package> package = shimgen::open_package(info, prefix, nullptr);
+  EXPECT_EQ(error_of([&] { package->run(0, {ones2}); }), "f(): no weights");
+  // Given the build's file, by load_weights() or by the variable.
+  write_file(other + "fake.safetensors", external_weights("f-code", "g-code"));
+  package->load_weights(other + "fake.safetensors");
+  EXPECT(values(package->run(0, {ones2}).at(0)) == std::vector<float>({101, 102, 101, 102}));
+  EXPECT(values(package->run(1, {ones2}).at(0)) == std::vector<float>({104, 105, 104, 105}));
+  package.reset();
+  setenv("FAKE_WEIGHTS", (other + "fake.safetensors").c_str(), 1);
+  package = shimgen::open_package(info, prefix, nullptr);
+  EXPECT(values(package->run(1, {ones2}).at(0)) == std::vector<float>({103, 104, 103, 104}));
+  // A file laid out for other compiled code is refused, naming the units.
+  write_file(other + "other.safetensors", external_weights("f-other", "g-other"));
+  EXPECT_EQ(error_of([&] { package->load_weights(other + "other.safetensors"); }),
+            other + "other.safetensors holds weights laid out for other compiled code than this package's (f_cpu, "
+                    "g_cpu): it comes from another build, spec or shimgen; load the file of this package's build, or "
+                    "the model's state dict");
+  package.reset();
+  setenv("FAKE_WEIGHTS", (other + "absent.safetensors").c_str(), 1);
+  EXPECT(starts_with(error_of([&] { shimgen::open_package(info, prefix, nullptr); }),
+                     "FAKE_WEIGHTS=" + other + "absent.safetensors: "));
+  unsetenv("FAKE_WEIGHTS");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -752,7 +818,7 @@ int main(int argc, char** argv) {
       {"json", test_json}, {"safetensors", test_safetensors}, {"safetensors_errors", test_safetensors_errors},
       {"weights_file", test_weights_file}, {"weights_by_name", test_weights_by_name},
       {"torch_version", test_torch_version}, {"pick_unit", test_pick_unit}, {"package_paths", test_package_paths},
-      {"package", test_package}, {"package_errors", test_package_errors},
+      {"package", test_package}, {"package_errors", test_package_errors}, {"external_package", test_external_package},
   };
   for (const auto& [name, test] : tests) {
     const int before = g_failures;
