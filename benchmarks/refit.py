@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,9 +73,10 @@ for _ in range(5):
     sync(); start = time.perf_counter(); copied = {k: v.clone() for k, v in state.items()}; sync()
     copies.append(time.perf_counter() - start)
 results["copy_s"] = statistics.median(copies)
+leaves = lambda tree: [t.cpu() for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 with torch.no_grad():
-    results["refit_vs_eager"] = (out - new(*args, **kwargs)).abs().max().item()
-torch.save(out.cpu(), sys.argv[6])
+    results["refit_vs_eager"] = max((a - b).abs().max().item() for a, b in zip(leaves(out), leaves(new(*args, **kwargs))))
+torch.save(leaves(out), sys.argv[6])
 if aoti != "-":
     runner = torch._inductor.aoti_load_package(aoti)
     fqns = set(runner.get_constant_fqns())
@@ -110,8 +112,13 @@ class Wrap(torch.nn.Module):
     def forward(self, *a, **k):
         return self.model(*a, **k)
 program = torch.export.export(Wrap(model), args, kwargs)
+# The compiler shimgen proved: the GPU machine's default g++ builds libraries that crash at load.
+from shimgen.toolchain import probe
+cxx = probe.select(lambda message: None)[0].cxx
 with torch.no_grad():
-    torch._inductor.aoti_compile_and_package(program, package_path=package, inductor_configs={"freezing": False})
+    torch._inductor.aoti_compile_and_package(
+        program, package_path=package, inductor_configs={"freezing": False, "cpp.cxx": (None, cxx)}
+    )
 """
 
 
@@ -134,12 +141,17 @@ def bench(spec_file: Path, device: str, tmp: Path) -> dict:
     spec = work / spec_file.name
     text = spec_file.read_text()
     if device == "cuda":
-        text = text.replace('device = "cpu"\nisa = "native"', 'device = "cuda"')
+        # TF32 convolutions and GEMMs (torch's defaults on cuda) differ from the traced program's by about 5e-3.
+        import torch
+
+        arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+        text = text.replace('device = "cpu"\nisa = "native"', f'device = "cuda"\narchs = ["{arch}"]')
+        text = re.sub(r"(?m)^atol = .*$", "atol = 1e-2\nrtol = 1e-2", re.sub(r"(?m)^rtol = .*\n", "", text))
     spec.write_text(text)
     if spec_file.with_suffix(".toml.lock").is_file() and device == "cpu":
         shutil.copy(spec_file.with_suffix(".toml.lock"), work)
     (work / "models").symlink_to(spec_file.parent / "models")
-    env = {**os.environ, "SHIMGEN_SERVER": "off", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "SHIMGEN_SERVER": "off", "PYTHONPATH": str(REPO), "PYTHONFAULTHANDLER": "1"}
     _, summary = build(spec, work / "out", env)
     snapshot = work / "refit-site"
     shutil.copytree(summary["package_dir"], snapshot)
@@ -166,7 +178,7 @@ def bench(spec_file: Path, device: str, tmp: Path) -> dict:
         env=env,
     )
     if measured.returncode:
-        sys.exit(f"measuring failed:\n{measured.stderr[-2000:]}")
+        sys.exit(f"measuring failed ({measured.returncode}):\n{measured.stdout[-1000:]}\n{measured.stderr[-2000:]}")
     results = json.loads(measured.stdout.strip().splitlines()[-1])
     spec.write_text(text.replace("[[graph]]\n", "[[graph]]\nseed = 1\n", 1))
     results["rebuild_s"], rebuilt = build(spec, work / "out", env)
@@ -178,7 +190,8 @@ def bench(spec_file: Path, device: str, tmp: Path) -> dict:
         "inputs = [t.to(sys.argv[5]) for t in make_inputs(graph, {n: d.example for n, d in graph.dims.items()}, 0)]\n"
         "args = [t for t, i in zip(inputs, graph.inputs) if not i.keyword]\n"
         "kwargs = {i.name: t for t, i in zip(inputs, graph.inputs) if i.keyword}\n"
-        "print(torch.equal(package.forward(*args, **kwargs).cpu(), torch.load(sys.argv[4])))"
+        "out = [t.cpu() for t in torch.utils._pytree.tree_leaves(package.forward(*args, **kwargs))]\n"
+        "print(all(torch.equal(a, b) for a, b in zip(out, torch.load(sys.argv[4]), strict=True)))"
     )
     same = subprocess.run(
         [

@@ -273,7 +273,8 @@ def unit_file(dynamic: Path, variants: list[tuple[str, Path]], layout: str) -> b
 def external_file(units: list[tuple[str, bytes]]) -> bytes:
     """The weights file of a package built with flags.weights = "external": its units' files (`unit_file`) in one,
     each tensor once (`<unit>/<entry>` where first seen). Metadata `units` holds, by unit, what a unit's own file has at
-    its top level, its entry names those of this file."""
+    its top level, its entry names those of this file, and its dynamic model's `constants` by constant (constant ->
+    entry, as `variants` has them: constants of equal bytes share one entry)."""
     entries: list[_Entry] = []
     held: dict[tuple[str, tuple[int, ...], bytes], str] = {}
     units_metadata: dict[str, dict[str, Any]] = {}
@@ -286,7 +287,7 @@ def external_file(units: list[tuple[str, bytes]]) -> bytes:
                 entries.append(dataclasses.replace(e, name=held[_content(e)]))
             renamed[e.name] = held[_content(e)]
         units_metadata[unit] = {
-            "constants": {renamed[entry]: c for entry, c in json.loads(metadata["constants"]).items()},
+            "constants": {c: renamed[entry] for entry, c in json.loads(metadata["constants"]).items()},
             "variants": {
                 variant: {c: renamed[entry] for c, entry in to_entry.items()}
                 for variant, to_entry in json.loads(metadata.get("variants", "{}")).items()

@@ -111,18 +111,19 @@ class Unit:
         """The bytes of each model's constants in a shimgen weights file (this build's, or another build's of the same
         compiled code): a unit's own file, its metadata at the top level, or an "external" package's file, by unit
         under "units". Where the file does not hold them all, why not."""
-        if "units" in metadata:
+        if "units" in metadata:  # by constant: constant -> entry
             mine = json.loads(metadata["units"]).get(self.name)
             if mine is None:
                 return "holds no weights of it"
-        else:
+        else:  # a unit's own file: entry -> constant
             mine = {key: json.loads(metadata.get(key, "{}")) for key in ("constants", "variants")}
+            mine["constants"] = {c: e for e, c in mine["constants"].items()}
             mine["layout"] = metadata.get("layout", "")
         if mine.get("layout") and self.layout and mine["layout"] != self.layout:
             return "its weights are laid out for other compiled code (another build, spec or shimgen)"
         given: list[list[Any]] = []
         for variant, constants in self.models:
-            to_entry = mine["variants"].get(variant) if variant else {c: e for e, c in mine["constants"].items()}
+            to_entry = mine["variants"].get(variant) if variant else mine["constants"]
             if to_entry is None:
                 return f"holds no weights of its variant {variant}"
             given.append([])

@@ -244,8 +244,13 @@ WeightsFile::WeightsFile(std::shared_ptr<const Safetensors> file, const std::str
     if (const std::string* layout = file_->metadata("layout")) layout_ = *layout;
   }
   holds_unit_ = true;
-  strings(mine ? mine->get("constants") : constants ? &*constants : nullptr, "'constants'",
-          [&](const std::string& entry, const std::string& constant) { dynamic_[constant] = entry; });
+  if (mine) {  // by constant, as the variants: constants of equal bytes share an entry
+    strings(mine->get("constants"), "'constants'",
+            [&](const std::string& constant, const std::string& entry) { dynamic_[constant] = entry; });
+  } else {  // a unit's own file: by entry
+    strings(constants ? &*constants : nullptr, "'constants'",
+            [&](const std::string& entry, const std::string& constant) { dynamic_[constant] = entry; });
+  }
   const Json* by_variant = object(mine ? mine->get("variants") : variants ? &*variants : nullptr, "'variants'");
   if (!by_variant) return;
   for (const auto& [variant, to_entry] : by_variant->object) {

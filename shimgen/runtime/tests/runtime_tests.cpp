@@ -506,7 +506,7 @@ void test_weights_file() {
              safetensors({{"f_cpu/fc.weight", "F32", {2, 2}, floats({1, 2, 3, 4})},
                           {"f_cpu/n1/fc.weight", "F32", {2, 2}, floats({5, 6, 7, 8})}},
                          {{"format", "shimgen-weights-1"},
-                          {"units", R"({"f_cpu": {"constants": {"f_cpu/fc.weight": "fc_weight"}, "layout": "abc",)"
+                          {"units", R"({"f_cpu": {"constants": {"fc_weight": "f_cpu/fc.weight"}, "layout": "abc",)"
                                     R"( "variants": {"n1": {"fc_weight": "f_cpu/n1/fc.weight"}}}})"}}));
   const auto external = shimgen::Safetensors::open(dir + "external.safetensors");
   const shimgen::WeightsFile f_cpu(external, "f_cpu"), g_cpu(external, "g_cpu");
@@ -632,9 +632,9 @@ std::string external_weights(const std::string& f_layout, const std::string& g_l
   return safetensors({{"f_cpu/w", "F32", {2}, floats({1, 2})}, {"f_cpu/s", "F32", {1}, floats({100})},
                       {"f_cpu/n1/w", "F32", {2}, floats({10, 20})}, {"g_cpu/w", "F32", {2}, floats({3, 4})}},
                      {{"format", "shimgen-weights-1"},
-                      {"units", R"({"f_cpu": {"constants": {"f_cpu/s": "s", "f_cpu/w": "w"}, "layout": ")" + f_layout +
+                      {"units", R"({"f_cpu": {"constants": {"s": "f_cpu/s", "w": "f_cpu/w"}, "layout": ")" + f_layout +
                                     R"(", "variants": {"n1": {"s": "f_cpu/s", "w": "f_cpu/n1/w"}}}, "g_cpu": )"
-                                    R"({"constants": {"f_cpu/s": "s", "g_cpu/w": "w"}, "layout": ")" +
+                                    R"({"constants": {"s": "f_cpu/s", "w": "g_cpu/w"}, "layout": ")" +
                                     g_layout + R"(", "variants": {}}})"}});
 }
 
