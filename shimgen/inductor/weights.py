@@ -270,31 +270,48 @@ def unit_file(dynamic: Path, variants: list[tuple[str, Path]], layout: str) -> b
     return _encode(entries, metadata)
 
 
-def external_file(units: list[tuple[str, bytes]]) -> bytes:
-    """The weights file of a package built with flags.weights = "external": its units' files (`unit_file`) in one,
-    each tensor once (`<unit>/<entry>` where first seen). Metadata `units` holds, by unit, what a unit's own file has at
-    its top level, its entry names those of this file, and its dynamic model's `constants` by constant (constant ->
-    entry, as `variants` has them: constants of equal bytes share one entry)."""
+def external_file(files: list[tuple[str, bytes]]) -> bytes:
+    """The weights file of a package built with flags.weights = "external", from its units' files (`unit_file`, by
+    unit) or, for `shimgen merge`, from the external files of its targets' packages (unit ""): each tensor once
+    (`<unit>/<entry>` where first seen). Metadata `units` holds, by unit, what a unit's own file has at its top level,
+    its entry names those of this file, and its dynamic model's `constants` by constant (constant -> entry, as
+    `variants` has them: constants of equal bytes share one entry)."""
     entries: list[_Entry] = []
     held: dict[tuple[str, tuple[int, ...], bytes], str] = {}
     units_metadata: dict[str, dict[str, Any]] = {}
-    for unit, data in units:
+    for source, data in files:
         own, metadata = _decode(data)
-        renamed = {}
-        for e in own:
-            if _content(e) not in held:
-                held[_content(e)] = f"{unit}/{e.name}"
-                entries.append(dataclasses.replace(e, name=held[_content(e)]))
-            renamed[e.name] = held[_content(e)]
-        units_metadata[unit] = {
-            "constants": {c: renamed[entry] for entry, c in json.loads(metadata["constants"]).items()},
-            "variants": {
-                variant: {c: renamed[entry] for c, entry in to_entry.items()}
-                for variant, to_entry in json.loads(metadata.get("variants", "{}")).items()
-            },
-            "raw": {renamed[entry]: info for entry, info in json.loads(metadata.get("raw", "{}")).items()},
-            "layout": metadata.get("layout", ""),
-        }
+        by_name = {e.name: e for e in own}
+        if source:  # a unit's own file: constants by entry
+            units = {
+                source: {
+                    "constants": {c: entry for entry, c in json.loads(metadata["constants"]).items()},
+                    "variants": json.loads(metadata.get("variants", "{}")),
+                    "raw": json.loads(metadata.get("raw", "{}")),
+                    "layout": metadata.get("layout", ""),
+                }
+            }
+        else:
+            units = json.loads(metadata["units"])
+        for unit, mine in units.items():
+            prefix = f"{unit}/" if source else ""  # a merged file's entries have theirs
+
+            def place(entry: str, prefix: str = prefix, by_name: dict[str, _Entry] = by_name) -> str:
+                e = by_name[entry]
+                if _content(e) not in held:
+                    held[_content(e)] = prefix + entry
+                    entries.append(dataclasses.replace(e, name=held[_content(e)]))
+                return held[_content(e)]
+
+            units_metadata[unit] = {
+                "constants": {c: place(entry) for c, entry in mine["constants"].items()},
+                "variants": {
+                    variant: {c: place(entry) for c, entry in to_entry.items()}
+                    for variant, to_entry in mine["variants"].items()
+                },
+                "raw": {place(entry): info for entry, info in mine["raw"].items()},
+                "layout": mine["layout"],
+            }
     return _encode(entries, {"format": FORMAT, "units": json.dumps(units_metadata, sort_keys=True)})
 
 

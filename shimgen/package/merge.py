@@ -13,14 +13,16 @@ from packaging.version import Version
 
 from shimgen import devices
 from shimgen.errors import UserError
+from shimgen.inductor import weights
 from shimgen.package import manylinux
-from shimgen.package.wheel import write_wheel
+from shimgen.package.wheel import weights_file_of, write_wheel
 from shimgen.project.render import BUILD_MANIFEST, render_init
 
 
 def merge(wheels: list[Path], out: Path) -> Path:
     """One wheel in `out` holding every target of `wheels`: their extensions, kernels and op libraries, and an
-    __init__.py that picks a graph's target by its first input's device."""
+    __init__.py that picks a graph's target by its first input's device; for wheels built with external weights, one
+    weights file beside it (`weights_file_of`) holding theirs."""
     if len(wheels) < 2:
         raise UserError("merge: name two or more wheels, one per target, of one package")
     parts = [_read(w) for w in wheels]
@@ -65,6 +67,15 @@ def merge(wheels: list[Path], out: Path) -> Path:
     platform = manylinux.platform({member: data for member, (data, _) in members.items()}).tag
     wheel = out / f"{name}-{version}-{first['python']}-{platform}.whl"
     out.mkdir(parents=True, exist_ok=True)
+    if manifest.get("weights_env"):  # flags.weights = "external": the weights files beside the wheels, joined too
+        files = [weights_file_of(p["wheel"]) for p in parts]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise UserError(
+                f"merge: the wheels were built with flags.weights = 'external', and their weights files are not beside "
+                f"them: {', '.join(missing)}"
+            )
+        weights_file_of(wheel).write_bytes(weights.external_file([("", f.read_bytes()) for f in files]))
     write_wheel(wheel, members)
     return wheel
 

@@ -328,12 +328,18 @@ def test_host_tma_descriptors_are_refused_naming_the_kernel(tmp_path: Path) -> N
     print(result.stderr.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("weights", ["file", "external"])
 def test_per_target_wheels_merge_into_the_multi_target_package(
-    built_gpu: dict[str, Any], workdir: Path, tmp_path: Path
+    built_gpu: dict[str, Any], workdir: Path, tmp_path: Path, weights: str
 ) -> None:
     """A matrix's jobs build gpu.toml's cpu and cuda identifiers apart (--only); `shimgen merge` joins their wheels
-    into one package with both targets, whose callables dispatch on the input's device like the full build's."""
+    (and, built with external weights, their weights files) into one package with both targets, whose callables
+    dispatch on the input's device like the full build's."""
     spec = workdir / "projects" / "gpu.toml"
+    if weights == "external":
+        spec = spec_of_its_own(
+            workdir, tmp_path / "gpu.toml", spec.read_text().replace("[flags]\n", '[flags]\nweights = "external"\n')
+        )
     ids = shimgen("matrix", spec).stdout.split()
     assert len(ids) == 2 and ids[0].endswith("-cpu-native") and "-cu" in ids[1]
     wheels = []
@@ -348,6 +354,10 @@ def test_per_target_wheels_merge_into_the_multi_target_package(
     assert wheel.name == Path(built_gpu["wheel"]).name  # the full build's name: same version label, same tags
     site = tmp_path / "site"
     shutil.unpack_archive(wheel, site, "zip")
+    env = dict(os.environ)
+    if weights == "external":
+        env["GPU_WEIGHTS"] = str(wheel.with_name(wheel.name.split("-cp3")[0] + ".safetensors"))
+        assert Path(env["GPU_WEIGHTS"]).is_file()
     call = (
         "import sys, torch; sys.path.insert(0, sys.argv[1]); import gpu; "
         "torch.save(gpu.mlp(torch.load(sys.argv[2]).to(sys.argv[3])).cpu(), sys.argv[4])"
@@ -359,6 +369,7 @@ def test_per_target_wheels_merge_into_the_multi_target_package(
             [sys.executable, "-c", call, str(site), str(tmp_path / "x.pt"), device, str(tmp_path / "y.pt")],
             capture_output=True,
             text=True,
+            env=env,
         )
         assert run.returncode == 0, run.stderr
         torch.testing.assert_close(torch.load(tmp_path / "y.pt"), model(x).cpu(), rtol=1e-4, atol=1e-4)

@@ -78,3 +78,23 @@ def test_a_file_laid_out_for_other_code_is_refused(tmp_path: Path, layout: str) 
         assert given == "its weights are laid out for other compiled code (another build, spec or shimgen)"
     else:  # a file that does not say (made before layouts were recorded): sizes are checked
         assert not isinstance(given, str)
+
+
+def test_external_files_of_two_targets_merge_into_one(tmp_path: Path) -> None:
+    """`shimgen merge` of per-target wheels built with external weights joins their files: every unit of each, each
+    tensor once."""
+    ones, other = torch.ones(4, 4), torch.arange(16.0).reshape(4, 4)
+    cpu_path, cpu_constants = unit_file(tmp_path, "f_cpu", {"w": other, "ln.weight": ones}, "cpu-code")
+    cuda_path, cuda_constants = unit_file(tmp_path, "f_cuda", {"w": other, "ln.weight": ones}, "cuda-code")
+    per_target = [
+        weights.external_file([(unit, path.read_bytes())])
+        for unit, path in (("f_cpu", cpu_path), ("f_cuda", cuda_path))
+    ]
+    merged = tmp_path / "merged.safetensors"
+    merged.write_bytes(weights.external_file([("", data) for data in per_target]))
+    tensors, metadata = runtime.read_safetensors(str(merged))
+    assert len(tensors) == 2
+    for name, constants, layout in (("f_cpu", cpu_constants, "cpu-code"), ("f_cuda", cuda_constants, "cuda-code")):
+        given = runtime_unit(name, constants, layout).from_file(tensors, metadata)
+        assert not isinstance(given, str), given
+        assert [t.view(torch.float32).sum().item() for t in given[0]] == [other.sum().item(), 16.0]
