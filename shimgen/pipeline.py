@@ -712,14 +712,18 @@ def _run(
     # workers, the CUDA context, kernels already compiled). ResNet-18 and its batch-1 variant on the H100: 84.8 s cold,
     # against 95.9 s in two worker processes at once (results/gpu_units_in_process.md).
     gpu = any(devices.device(t.device).gpu for t in job.spec.target)
-    processes = workers.count(len(tasks), in_process=job.ops is not None or gpu)
-    if processes:
-        job.timeline.report(stage, f"{', '.join(name for name, _ in tasks)} in {processes} worker processes ...")
-    for name, _ in tasks:
-        job.timeline.report(stage, f"{name} ...")
     # In a build server's child (shimgen/commands/server.py) torch is imported already: workers forked from it skip
     # the import.
-    workers.run_all(tasks, work, processes, job.ops, done, fork=bool(os.environ.get("SHIMGEN_SERVER_CHILD")))
+    fork = bool(os.environ.get("SHIMGEN_SERVER_CHILD"))
+    processes = workers.count(len(tasks), in_process=job.ops is not None or gpu, forking=fork)
+    if processes:
+        job.timeline.report(
+            stage,
+            f"{', '.join(name for name, _ in tasks)} in {processes} worker process{'es' if processes > 1 else ''} ...",
+        )
+    for name, _ in tasks:
+        job.timeline.report(stage, f"{name} ...")
+    workers.run_all(tasks, work, processes, job.ops, done, fork=fork)
 
 
 def _cached(

@@ -71,9 +71,12 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
         raise SpecError("", task.where, str(exc)) from None
 
 
-def count(tasks: int, in_process: bool) -> int:
-    """Worker processes for `tasks` tasks: one per core, as many as memory allows; 0 runs them in this process."""
-    if in_process or tasks < 2:
+def count(tasks: int, in_process: bool, forking: bool = False) -> int:
+    """Worker processes for `tasks` tasks: one per core, as many as memory allows; 0 runs them in this process. With
+    `forking` (workers forked from this process), even one task gets a worker: running it here would start OpenMP's
+    threads in this process (a model's weights initialised, constants folded), which every later fork would inherit
+    half-made, and the first parallel region in such a child waits forever for threads it does not have."""
+    if in_process or (tasks < 2 and not forking):
         return 0
     try:
         with open("/proc/meminfo") as f:
@@ -81,7 +84,7 @@ def count(tasks: int, in_process: bool) -> int:
     except (OSError, ValueError, StopIteration):
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     workers = min(tasks, os.cpu_count() or 1, max(1, available // MEMORY_PER_WORKER))
-    return workers if workers > 1 else 0
+    return workers if workers > 1 or forking else 0
 
 
 def run_all(
@@ -107,7 +110,7 @@ def run_all(
                 errors[k] = exc
                 continue
             done(name, result, start, time.time())
-    elif fork:
+    elif fork and _single_threaded():  # a process with threads (an OpenMP team) cannot be forked safely: spawned
         for k, outcome in _forked(tasks, work, workers):
             if isinstance(outcome, BaseException):
                 errors[k] = outcome
@@ -161,6 +164,15 @@ def _forked(
             if outcome is None:
                 outcome = RuntimeError(f"a worker process died (exit status {process.exitcode}) before it answered")
             yield k, outcome
+
+
+def _single_threaded() -> bool:
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        import threading
+
+        return threading.active_count() == 1
 
 
 def _send_outcome(sender: Any, work: Callable[[T], Any], task: T) -> None:

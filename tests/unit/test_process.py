@@ -68,3 +68,40 @@ def test_a_crash_in_the_spare_reads_as_its_signal(tmp_path: Path) -> None:
 def test_a_spare_that_imported_a_fresh_module_is_not_used(tmp_path: Path) -> None:
     (first,) = _run(tmp_path, "early", "helper:echo")
     assert first[0] != "spare interpreter" and first[1] == 3 and first[2].endswith("False")
+
+
+PARALLEL_WORK = """
+import torch
+
+def parallel(task):
+    torch.set_num_threads(2)
+    return torch.ones(1 << 22).mul_(task).sum().item()
+"""
+
+AFTER_A_PARALLEL_REGION = """
+import sys, threading, torch
+sys.path.insert(0, sys.argv[1])
+from shimgen.build import workers
+import parallel_work
+torch.set_num_threads(2)
+torch.ones(1 << 22).mul_(2).sum()  # this process now has OpenMP's threads
+results = []
+workers.run_all([("a", 1.0), ("b", 2.0)], parallel_work.parallel, 2, None, lambda n, r, s, e: results.append(r), fork=True)
+print(sorted(results))
+"""
+
+
+def test_workers_are_not_forked_from_a_process_with_threads(tmp_path: Path) -> None:
+    """A process that has run an OpenMP parallel region has threads that a forked child lacks: the child's first
+    parallel region would wait forever (a build server's child that traced a variant in itself, then forked its
+    codegen). Such a process spawns its workers instead."""
+    (tmp_path / "parallel_work.py").write_text(PARALLEL_WORK)
+    done = subprocess.run(
+        [sys.executable, "-c", AFTER_A_PARALLEL_REGION, str(REPO)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[4194304.0,", "8388608.0]"]
