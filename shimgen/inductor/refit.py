@@ -20,7 +20,6 @@ from typing import Any
 from unittest import mock
 
 from shimgen.inductor import weights as weights_file
-from shimgen.runtime import _shimgen_refit as replay
 
 # Operations that hand a tensor's value to Python, which may then decide what the build does; the others that return
 # no tensor read only its metadata (aten::is_pinned).
@@ -224,6 +223,8 @@ class Recording:
     def _verify(self, program: dict[str, Any], wanted: list[weights_file.Constant], original: dict[str, Any]) -> None:
         """Drop the outputs whose program does not give back the build's constant bit for bit."""
         import torch
+
+        from shimgen.runtime import _shimgen_refit as replay  # the package's own module: it imports torch
 
         if not program["outputs"]:
             return

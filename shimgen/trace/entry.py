@@ -121,17 +121,37 @@ def _project_modules(spec_dir: Path) -> dict[str, Any]:
 
 
 def _shadowing(spec_dir: Path) -> dict[str, Any]:
-    """Another project's modules that import_once kept, under a top-level name that the spec's directory has a module
-    or package of its own for: left in sys.modules, `models` of another project would be the package that
-    `import models.mlp` looks in."""
-    kept = {name: m for name, m in list(sys.modules.items()) if _is_kept(name)}
-    tops = {name.partition(".")[0] for name in kept}
-    tops = {top for top in tops if (spec_dir / top).is_dir() or (spec_dir / f"{top}.py").is_file()}
-    return {
-        name: m
-        for name, m in kept.items()
-        if name.partition(".")[0] in tops and not _under(getattr(m, "__file__", None), spec_dir)
-    }
+    """Modules of another directory under a top-level name that the spec's directory has a module or package for, which
+    a new process (the spec's directory first on sys.path) would not import: left in sys.modules, a `models` package
+    imported earlier (by the caller, or kept by import_once for another project) would be the package that
+    `import models.mlp` looks in. A directory without __init__.py is a namespace portion, which a module or regular
+    package found on sys.path takes precedence over: it shadows only namespace packages and modules from directories
+    no longer on sys.path."""
+    by_top: dict[str, list[str]] = {}
+    for name in list(sys.modules):
+        by_top.setdefault(name.partition(".")[0], []).append(name)
+    shadowed: dict[str, Any] = {}
+    for top, names in by_top.items():
+        module = sys.modules.get(top)
+        if module is None or top in _NEVER_SHADOWED or _under(getattr(module, "__file__", None), spec_dir):
+            continue
+        if not ((spec_dir / f"{top}.py").is_file() or (spec_dir / top / "__init__.py").is_file()):
+            location = getattr(module, "__file__", None)
+            on_path = location is not None and any(_under(location, Path(p).resolve()) for p in sys.path if p)
+            if not (spec_dir / top).is_dir() or (location is not None and on_path):
+                continue
+        shadowed.update(
+            {
+                name: sys.modules[name]
+                for name in names
+                if not _under(getattr(sys.modules[name], "__file__", None), spec_dir)
+            }
+        )
+    return shadowed
+
+
+# Never set aside: what shimgen and the interpreter run on (a project's `torch/` or `os.py` cannot replace them).
+_NEVER_SHADOWED = frozenset((*sys.builtin_module_names, *getattr(sys, "stdlib_module_names", ()), "torch", "shimgen"))
 
 
 def _under(path: str | None, directory: Path) -> bool:

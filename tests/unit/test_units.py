@@ -1008,3 +1008,29 @@ def test_a_module_kept_from_another_project_does_not_shadow_this_one(tmp_path: P
         for name in [name for name in sys.modules if name == "models" or name.startswith("models.")]:
             if str(tmp_path) in (getattr(sys.modules[name], "__file__", None) or ""):
                 del sys.modules[name]
+
+
+def test_a_package_the_caller_imported_from_elsewhere_does_not_shadow_the_projects(tmp_path: Path) -> None:
+    """A caller that imported a `models` package of its own (a test helper, a notebook) and then builds or checks a
+    project with one: the project's scope imports the project's, as a new process would, and gives the caller's back
+    after. A library's package of that name stays where the project's directory has only a namespace portion."""
+    from shimgen.trace import entry
+
+    for project, activation in (("caller", "ReLU"), ("project", "GELU")):
+        package = tmp_path / project / "models"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "mlp.py").write_text(f"ACTIVATION = {activation!r}\n")
+    (tmp_path / "project" / "json").mkdir()  # a data directory named like the standard library's json
+    sys.path.insert(0, str(tmp_path / "caller"))
+    try:
+        callers = importlib.import_module("models.mlp")
+        sys.path.remove(str(tmp_path / "caller"))
+        with entry.project_scope(tmp_path / "project"):
+            assert importlib.import_module("models.mlp").ACTIVATION == "GELU"
+            assert importlib.import_module("json") is sys.modules["json"] and hasattr(sys.modules["json"], "dumps")
+        assert sys.modules["models.mlp"] is callers
+    finally:
+        for name in [name for name in sys.modules if name == "models" or name.startswith("models.")]:
+            if str(tmp_path) in (getattr(sys.modules[name], "__file__", None) or ""):
+                del sys.modules[name]
