@@ -16,9 +16,10 @@ bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python -m mypy
-# Two workers on the machine's two cores; a test file stays on one worker, with its module's fixtures.
-workers=(-n "${TEST_WORKERS:-2}" --dist loadfile)
-(cd tests && ../.venv/bin/python -m pytest -q -ra --durations=15 "${workers[@]}" "$@")
+# Two workers on the machine's two cores; a group of tests (a file, or what tests/conftest.py groups) stays on one
+# worker, with its module's fixtures; the slowest groups start first.
+workers=(-n "${TEST_WORKERS:-2}" --dist loadgroup)
+(cd tests && ../.venv/bin/python -m pytest -q -ra --durations=30 "${workers[@]}" "$@")
 if [ "$second" != none ]; then
   wait "$second_setup" || { cat "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"; exit 1; }
   tail -1 "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"

@@ -28,6 +28,42 @@ def _import_torchvision_anywhere() -> None:
 _import_torchvision_anywhere()
 
 
+# scripts/test.sh runs the suite on two workers with --dist loadgroup: each group of tests runs on one worker, with its
+# module's fixtures, and the groups start slowest first, so that no long group is left to start last. A test file is
+# a group unless its tests are marked with groups of their own (the zoo's checks, the crashing compiler's probe).
+SLOWEST_FIRST = (
+    "zoo-hf",
+    "zoo-vision",
+    "test_concurrency.py",
+    "test_build.py",
+    "test_reproducible.py",
+    "probe-crash",
+    "test_escaping.py",
+    "test_custom_ops.py",
+    "zoo-aoti",
+    "test_runtime.py",
+    "test_llm.py",
+    "test_rebuild.py",
+    "test_zoo.py",
+    "test_variants.py",
+    "test_weights.py",
+    "test_ci_workflow.py",
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def group(item: pytest.Item) -> str:
+        marker = item.get_closest_marker("xdist_group")
+        return str(marker.args[0]) if marker else item.path.name
+
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+    rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))
+
+
 # `shimgen build` runs in the user's build server, as a user's does; the servers a session starts stop soon after it.
 os.environ.setdefault("SHIMGEN_SERVER_IDLE", "30")
 

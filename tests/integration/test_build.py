@@ -416,6 +416,7 @@ def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
         torch.testing.assert_close(package.forward(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.xdist_group("probe-crash")  # a toolchain of its own to prove and prebuild: a group of its own
 def test_probe_rejects_a_compiler_whose_extensions_crash(
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
