@@ -82,7 +82,7 @@ class Unit:
     """One graph on one target: its extension, and the constants of each of its models (the dynamic one, then each
     specialized variant)."""
 
-    def __init__(self, package: str, directory: str, unit: dict[str, Any], freezing: bool) -> None:
+    def __init__(self, package: str, directory: str, unit: dict[str, Any], freezing: bool, external: bool) -> None:
         self.name, self.graph, self.device, self.freezing = unit["name"], unit["graph"], unit["device"], freezing
         self.module = importlib.import_module(f"{package}._{self.name}")
         self.models: list[tuple[str, list[dict[str, Any]]]] = [("", unit["constants"])]
@@ -93,7 +93,7 @@ class Unit:
         self.unused = set(unit.get("unused_weights", ()))  # the model's weights the compiled graph does not read
         self.file = os.path.join(directory, unit["weights_file"]) if unit.get("weights_file") else None
         self.layout = unit.get("weights_layout", "")  # the compiled code the constants are laid out for
-        self.loaded = False  # weights handed to the extension (an "external" package's are not, until loaded)
+        self.loaded = not external  # the extension has weights: its own, or a file's (an "external" one's, once loaded)
         self.stateful = any(c.get("state") for c in self.constants)
         self.state_owner = unit.get("state_owner", "")
 
@@ -228,8 +228,8 @@ class Weights:
         directory = os.path.dirname(init_file)
         with open(os.path.join(directory, MANIFEST)) as f:
             manifest = json.load(f)
-        self.package = package
-        self.units = [Unit(package, directory, u, bool(manifest.get("freezing"))) for u in manifest["units"]]
+        external = bool(manifest.get("weights_env"))
+        self.units = [Unit(package, directory, u, bool(manifest.get("freezing")), external) for u in manifest["units"]]
         # By (device, the module's graphs' state_owner), then weight name: the initial value (the file's bytes) and the
         # live
         # tensor those graphs read and write.

@@ -342,11 +342,13 @@ def test_embedded_weights_are_in_the_extension_and_load_weights_works_the_same(t
         results["new"] = (package.forward(x) - eager({str(tmp_path / "new.pt")!r})).abs().max().item()
         good = torch.load({str(tmp_path / "new.pt")!r}, weights_only=True)
         results["partial"] = error({{k: v for k, v in good.items() if k != "3.bias"}})
+        results["buffer_kept"] = error({{k: v for k, v in good.items() if k != "4.running_mean"}})
     """,
         tmp_path,
     )
     assert results["built"] < 1e-5 and results["new"] < 1e-5
     assert results["partial"] == "WeightsError: graph forward: weight '3.bias' is missing"
+    assert results["buffer_kept"] is None  # a buffer left out keeps the value compiled into the extension
 
 
 def with_layout(source: Path, out: Path, layout: str) -> None:

@@ -44,7 +44,9 @@ def unit_file(root: Path, unit: str, values: dict[str, torch.Tensor], layout: st
 def runtime_unit(name: str, constants: list[Constant], layout: str) -> runtime.Unit:
     sys.modules.setdefault(f"fakepkg._{name}", types.ModuleType(f"fakepkg._{name}"))
     info = {"name": name, "graph": name, "device": "cpu", "weights_layout": layout}
-    return runtime.Unit("fakepkg", "", {**info, "constants": weights.package_view(constants)}, freezing=True)
+    return runtime.Unit(
+        "fakepkg", "", {**info, "constants": weights.package_view(constants)}, freezing=True, external=False
+    )
 
 
 def test_an_external_file_holds_each_tensor_once_and_gives_every_unit_its_constants(tmp_path: Path) -> None:
