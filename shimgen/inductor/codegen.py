@@ -223,8 +223,8 @@ def generate(
                 )
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
             refused = _cause(exc, user_triton.UserKernelError)
-            if refused:
-                raise UserError(str(refused)) from None
+            if isinstance(refused, user_triton.UserKernelError):
+                raise UserError(refused.message) from None
             raise UserError(
                 f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}"
             ) from exc

@@ -350,6 +350,21 @@ REQUIREMENTS: tuple[Requirement, ...] = (
             ("self", "variable", "grids", "combined_args"),
         ),
     ),
+    Requirement(
+        "torch's TracingTritonHOPifier.call_HOP calling triton_kernel_wrapper_mutation with TMA descriptor metadata",
+        CODEGEN,
+        _source_holds(
+            "torch._higher_order_ops.triton_kernel_wrap",
+            "TracingTritonHOPifier.call_HOP",
+            "triton_kernel_wrapper_mutation(",
+            "tma_descriptor_metadata=",
+        ),
+    ),
+    Requirement(
+        "torch's create_tma_stable_metadata",
+        CODEGEN,
+        _attribute("torch._higher_order_ops.triton_kernel_wrap", "create_tma_stable_metadata", ("block_shape",)),
+    ),
     Requirement("Inductor's embedding of user Triton kernel sources", CODEGEN, _escapes_backslashes),
     # proxy_executor.py
     Requirement("torch._export's serialized dtype, layout and memory format names", CODEGEN, _serialized_names),

@@ -6,8 +6,11 @@ so a docstring holding \\"\\"\\" ends the literal early (SyntaxError, pytorch#15
 docstrings and comments removed, and its backslashes doubled where this torch does not do it itself.
 
 A kernel taking host-side TMA descriptors (TensorDescriptor.from_tensor) hides its tensors from the graph: torch up to
-2.14 records them as constants, its mutation analysis fails, and the compiled kernel writes a buffer nobody reads
-(wrong results, pytorch#155879, fixed by PR #193608). Such a kernel is refused, by name.
+2.14 records the descriptors as constants outside torch.compile, its mutation analysis fails, and the compiled kernel
+writes a buffer nobody reads (wrong results, pytorch#155879). shimgen hands the graph the descriptor's tensor instead,
+with the metadata torch.compile's own tracing records for it (the block shape): the mutation analysis then sees the
+tensor, and the wrapper builds the descriptor from it at each call. A descriptor that from_tensor would not make again
+(other shape, strides or padding) is refused, by name.
 """
 
 from __future__ import annotations
@@ -25,6 +28,10 @@ from unittest import mock
 class UserKernelError(Exception):
     """A user Triton kernel that AOTInductor would compile wrongly; the message names it."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message  # torch's FX interpreter appends its node and traceback to args[0] on the way out
+
 
 @contextmanager
 def guarded() -> Iterator[None]:
@@ -38,7 +45,7 @@ def guarded() -> Iterator[None]:
         stack.enter_context(
             mock.patch.object(wrapper, source, _embeddable(getattr(wrapper, source), doubles_backslashes(wrapper)))
         )
-        stack.enter_context(mock.patch.object(hopifier, "call_HOP", _refusing_hidden_tensors(hopifier.call_HOP)))
+        stack.enter_context(mock.patch.object(hopifier, "call_HOP", _descriptors_as_tensors(hopifier.call_HOP)))
         yield
 
 
@@ -63,20 +70,56 @@ def _embeddable(original: Any, torch_doubles_backslashes: bool) -> Any:
     return source
 
 
-def _refusing_hidden_tensors(original: Any) -> Any:
+def _descriptors_as_tensors(original: Any) -> Any:
     # torch 2.14 added parameters after combined_args (launch_kwargs, kernel_arg_names): passed on as they come.
     def call_hop(self: Any, variable: Any, grids: Any, combined_args: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        from torch._higher_order_ops import triton_kernel_wrap
+
+        metadata = {}
+        combined_args = dict(combined_args)
+        for name, value in combined_args.items():
+            if _is_stable_descriptor(value) and _made_by_from_tensor(value):
+                combined_args[name] = value.base
+                metadata[name] = triton_kernel_wrap.create_tma_stable_metadata(list(value.block_shape))
         hidden = [name for name, value in combined_args.items() if _hides_tensor(value)]
         if hidden:
             raise UserKernelError(
-                f"Triton kernel {kernel_name(variable.kernel)}: its argument{'s' if len(hidden) > 1 else ''} {', '.join(hidden)} "
-                "hold tensors the graph cannot see (host-side TensorDescriptor.from_tensor); this torch's AOTInductor compiles such a "
-                "kernel to wrong results (pytorch#155879). Pass the tensors and build the descriptors in the kernel "
-                "(tl.make_tensor_descriptor), or use flags.tma for Inductor's own TMA GEMMs"
+                f"Triton kernel {kernel_name(variable.kernel)}: its argument{'s' if len(hidden) > 1 else ''} "
+                f"{', '.join(hidden)} hold tensors the graph cannot see. shimgen builds host-side descriptors made by "
+                "TensorDescriptor.from_tensor(tensor, block_shape) (no other shape, strides or padding), from the "
+                "tensor the graph passes; make them that way, or build them in the kernel (tl.make_tensor_descriptor)"
             )
-        return original(self, variable, grids, combined_args, *args, **kwargs)
+        if not metadata:
+            return original(self, variable, grids, combined_args, *args, **kwargs)
+        hop = triton_kernel_wrap.triton_kernel_wrapper_mutation
+
+        def with_descriptors(**hop_kwargs: Any) -> Any:
+            tma = {**hop_kwargs.get("tma_descriptor_metadata", {}), **metadata}
+            return hop(**{**hop_kwargs, "tma_descriptor_metadata": tma})
+
+        # call_HOP calls the operator by its module's name; the operator itself stays as it is for everyone else.
+        with mock.patch.object(triton_kernel_wrap, "triton_kernel_wrapper_mutation", with_descriptors):
+            return original(self, variable, grids, combined_args, *args, **kwargs)
 
     return call_hop
+
+
+def _is_stable_descriptor(value: Any) -> bool:
+    return type(value).__name__ == "TensorDescriptor" and type(value).__module__.startswith("triton.")
+
+
+def _made_by_from_tensor(descriptor: Any) -> bool:
+    """Whether TensorDescriptor.from_tensor(base, block_shape) gives this descriptor again."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    base = descriptor.base
+    if not isinstance(base, torch.Tensor) or getattr(descriptor, "padding", "zero") != "zero":
+        return False
+    if len(descriptor.shape) != base.dim() or len(descriptor.strides) != base.dim():
+        return False
+    pairs = [*zip(descriptor.shape, base.shape, strict=True), *zip(descriptor.strides, base.stride(), strict=True)]
+    return all(a is b or statically_known_true(a == b) for a, b in pairs)
 
 
 def _hides_tensor(value: Any) -> bool:

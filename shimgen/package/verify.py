@@ -132,11 +132,17 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
                 report.skipped.append(f"{where}: inputs over {INPUT_BYTES_LIMIT >> 20} MiB")
                 continue
             path = program_for(models, sizes)
-            if path not in loaded:
-                loaded[path] = torch.export.load(str(path)).module()
-            inputs = [t.to(models.device) for t in make_inputs(graph, sizes, graph.seed + n)]
             report.running = where
             write(report)
+            if path not in loaded:
+                try:
+                    loaded[path] = torch.export.load(str(path)).module()
+                except Exception as exc:
+                    report.failure = (
+                        f"{where}: its traced program does not load: {type(exc).__name__}: {_first_line(exc)}"
+                    )
+                    return
+            inputs = [t.to(models.device) for t in make_inputs(graph, sizes, graph.seed + n)]
             with torch.no_grad():
                 try:
                     got = call_model(compiled, graph, inputs)

@@ -607,6 +607,13 @@ def _validate_custom_ops(spec: ProjectSpec) -> None:
                 )
             if op.module in modules:
                 raise SpecError("", f"{where}.module", f"module '{op.module}' is listed twice")
+            if op.module.split(".")[0] == spec.project.name:
+                raise SpecError(
+                    "",
+                    f"{where}.module",
+                    f"'{op.module}' is under the project's name: the built package '{spec.project.name}' would be "
+                    "imported in its place; rename the project or the module",
+                )
             modules.add(op.module)
 
 

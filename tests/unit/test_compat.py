@@ -10,9 +10,11 @@ import re
 import sys
 import tokenize
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from shimgen.errors import UserError
 from shimgen.inductor import codegen, compat, user_triton
@@ -143,13 +145,62 @@ def test_a_gemm_edit_that_finds_nothing_is_an_error_naming_the_template() -> Non
 
 def test_user_kernel_guard_passes_on_the_arguments_torch_2_14_added() -> None:
     calls: list[tuple[Any, ...]] = []
-    call_hop = user_triton._refusing_hidden_tensors(lambda *args: calls.append(args))
+    call_hop = user_triton._descriptors_as_tensors(lambda *args: calls.append(args))
     call_hop("hopifier", "variable", "grids", {"x": 1}, "launch_kwargs", "kernel_arg_names", "tx")  # torch 2.14
     call_hop("hopifier", "variable", "grids", {"x": 1}, "tx")  # torch 2.13
     assert calls == [
         ("hopifier", "variable", "grids", {"x": 1}, "launch_kwargs", "kernel_arg_names", "tx"),
         ("hopifier", "variable", "grids", {"x": 1}, "tx"),
     ]
+
+
+class TensorDescriptor:
+    """Triton's host-side descriptor, as triton.tools.tensor_descriptor defines it (this machine has no triton)."""
+
+    __module__ = "triton.tools.tensor_descriptor"
+
+    def __init__(self, base: torch.Tensor, shape: list[int], strides: list[int], block_shape: list[int]) -> None:
+        self.base, self.shape, self.strides, self.block_shape, self.padding = base, shape, strides, block_shape, "zero"
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor, block_shape: list[int]) -> TensorDescriptor:
+        return cls(tensor, list(tensor.shape), list(tensor.stride()), block_shape)
+
+
+def test_host_descriptors_reach_the_graph_as_their_tensors_with_their_block_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    launched: list[dict[str, Any]] = []
+
+    def launch(**kwargs: Any) -> None:
+        launched.append(kwargs)
+
+    monkeypatch.setattr(triton_kernel_wrap, "triton_kernel_wrapper_mutation", launch)
+
+    def call_hop(self: Any, variable: Any, grids: Any, combined_args: dict[str, Any], tx: Any) -> None:
+        triton_kernel_wrap.triton_kernel_wrapper_mutation(tma_descriptor_metadata={}, kwargs=combined_args)
+
+    x, out = torch.ones(64, 64), torch.zeros(64, 64)
+    args = {
+        "in_desc": TensorDescriptor.from_tensor(x, [32, 16]),
+        "out_desc": TensorDescriptor.from_tensor(out, [32, 16]),
+    }
+    user_triton._descriptors_as_tensors(call_hop)(None, None, None, {**args, "scale": 2.0}, None)
+    assert launched[0]["kwargs"] == {"in_desc": x, "out_desc": out, "scale": 2.0}
+    assert launched[0]["tma_descriptor_metadata"] == {name: ("stable", ([32, 16],)) for name in args}
+    assert triton_kernel_wrap.triton_kernel_wrapper_mutation is launch  # the module's own name given back
+
+    class Kernel:
+        __name__ = "scale_kernel"
+
+    half = TensorDescriptor(x, [32, 64], list(x.stride()), [32, 16])
+    with pytest.raises(user_triton.UserKernelError, match="Triton kernel scale_kernel: its argument in_desc hold"):
+        user_triton._descriptors_as_tensors(call_hop)(
+            None, SimpleNamespace(kernel=Kernel()), None, {"in_desc": half}, None
+        )
+    assert len(launched) == 1
 
 
 # What only shimgen/inductor/ may write: a private torch module or attribute (torch._C, torch.utils._pytree,

@@ -155,6 +155,12 @@ CASES = [
         "custom_op[0].module: 'my-ops' is not a Python module name such as 'my_ops' or 'pkg.ops'",
     ),
     (
+        "custom op module under the project's name",
+        PROJECT + GOOD_GRAPH + '[[custom_op]]\nmodule = "demo.ops"\n',
+        "custom_op[0].module: 'demo.ops' is under the project's name: the built package 'demo' would be imported in "
+        "its place; rename the project or the module",
+    ),
+    (
         "no module",
         PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "nowhere.model:build"),
         "graph[0].entry: cannot import 'nowhere.model': ModuleNotFoundError: No module named 'nowhere'",
