@@ -636,7 +636,14 @@ def _generate_all(job: Job) -> list[Unit]:
     for name, i, _, target, _ in works:
         locked = {} if job.tuning.retune else job.tuning.locked.get(lockfile.section(name, job.tc.torch_version), {})
         key = codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version)
-        generated = _known_codegen(job, name, traced[name], key)
+        generated = _known_codegen(job, name, traced[name], key) or _refitted_codegen(
+            job,
+            name,
+            traced[name],
+            key,
+            codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version, values=False),
+            target,
+        )
         if generated is not None:
             code[name] = generated
             continue
@@ -662,10 +669,12 @@ def _generate_all(job: Job) -> list[Unit]:
         job.timeline.record("codegen", name, start, end)
         task = next(task for unit, task in to_generate if unit == name)
         # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
+        timings, torch_version = generated.autotune_timings, job.tc.torch_version
         generated = dataclasses.replace(
             generated,
-            key=codegen.codegen_key(
-                task.traced, task.target, spec.flags, generated.autotune_timings, job.tc.torch_version
+            key=codegen.codegen_key(task.traced, task.target, spec.flags, timings, torch_version),
+            structure_key=codegen.codegen_key(
+                task.traced, task.target, spec.flags, timings, torch_version, values=False
             ),
         )
         state.commit(f"unit:codegen:{name}", generated)
@@ -783,6 +792,43 @@ def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: Codege
             return None
     generated = dataclasses.replace(generated, weights_digest=traced.weights)
     job.state.commit(f"unit:codegen:{name}", generated)
+    return generated
+
+
+def _refitted_codegen(
+    job: Job, name: str, traced: TraceResult, key: str, structure_key: str, target: Target
+) -> CodegenResult | None:
+    """The last build's code where only the weights' values changed and the code depends on them through freezing
+    alone: its weights file made again by the refit programs the build recorded (inductor/refit.py), as load_weights()
+    does, instead of generating and compiling the code again. None: codegen runs."""
+    import torch
+
+    flags = job.spec.flags
+    if job.tuning.retune or flags.weights == "embedded" or not flags.freezing:
+        return None
+    last = job.state.get(CodegenResult, f"unit:codegen:{name}", None)
+    if (
+        last is None
+        or last.structure_key != structure_key
+        or last.weights_file is None
+        or last.constants is None
+        or last.refit is None
+        or not all(path.is_file() for path in last.files)
+    ):
+        return None
+    with job.timeline.stage("weights", f"{name} (refit)"):
+        program = torch.export.load(str(traced.program))
+        if not weights.write_refitted(
+            weights.read_constants(last.constants),
+            {**program.state_dict, **program.constants},
+            json.loads(last.refit.read_text()),
+            target.device,
+            last.weights_file,
+        ):
+            return None
+    generated = dataclasses.replace(last, key=key, weights_digest=traced.weights)
+    job.state.commit(f"unit:codegen:{name}", generated)
+    job.timeline.skipped.append(f"codegen:{name} (weights refitted)")
     return generated
 
 

@@ -66,6 +66,7 @@ class TraceResult:
     structure: str = ""  # trace.structure_key: the program without its weights' values
     weights: str = ""  # trace.weights_key: the weights' values
     state: tuple[str, ...] = ()  # the buffers the program mutates (trace.mutated_state), by the program's names
+    library_ops: tuple[str, ...] = ()  # trace.library_ops: the ops outside aten and prims the program calls
     narrowed: tuple[
         tuple[str, int, str], ...
     ] = ()  # (dim, min, condition): the program takes the dim from min (trace._export_narrowing)
@@ -135,6 +136,7 @@ class CodegenResult:
     refit: Path | None = None  # how the constants Inductor computed from the weights are computed again (refit.py)
     weights_file: Path | None = None  # flags.weights = "file": the weights as safetensors
     weights_digest: str = ""  # the trace's weights_key the weights file was made from
+    structure_key: str = ""  # codegen_key without the weights' values: a weights-only edit keeps it (refit)
     unused_weights: tuple[str, ...] = ()  # the program's weights the model does not take (weights.unused_weights)
     state: tuple[str, ...] = ()  # the weights the model mutates (TraceResult.state)
 

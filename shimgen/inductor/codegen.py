@@ -145,16 +145,26 @@ def values_compiled(flags: Flags) -> bool:
     return flags.weights == "embedded" or flags.freezing
 
 
-def codegen_key(traced: TraceResult, target: Target, flags: Flags, locked: Timings, torch_version: str) -> str:
+def codegen_key(
+    traced: TraceResult,
+    target: Target,
+    flags: Flags,
+    locked: Timings,
+    torch_version: str,
+    values: bool | None = None,
+) -> str:
     """Holds no path of this machine (the shared cache finds it on another); for a native ISA, this machine's CPU.
-    The program counts without its weights' values where the code does not depend on them (`values_compiled`);
-    Python files the trace read count by content (a Triton kernel's source), other files only through the program."""
+    The program counts without its weights' values where the code does not depend on them (`values_compiled`), or
+    where `values` is False. Where the program calls ops of a library (a triton_op's kernel is compiled from its
+    source), the Python files the trace read count by content; otherwise files count only through the program."""
+    if values is None:
+        values = values_compiled(flags)
     host = _host_cpu() if not devices.device(target.device).gpu and target.isa == "native" else None
-    code_read = sorted(digest for path, digest in traced.reads if path.endswith(".py"))
+    code_read = sorted(digest for path, digest in traced.reads if path.endswith(".py")) if traced.library_ops else []
     return stage_key(
         traced.structure,
         traced.out_nodes,
-        traced.weights if values_compiled(flags) else None,
+        traced.weights if values else None,
         code_read,
         torch_version,
         locked,

@@ -178,6 +178,40 @@ def write_from_tensors(constants: list[Constant], values: dict[str, Any], out: P
     return True
 
 
+def write_refitted(
+    constants: list[Constant], values: dict[str, Any], program: dict[str, Any], device: str, out: Path
+) -> bool:
+    """The weights file of the constants made from new `values` (weights by the program's names): the plain ones as
+    they are, the others by their refit program (refit.py) on `device`, in the bytes the compiled code takes; False,
+    and nothing written, where a constant has no program or the new weights change a literal of the code."""
+    import torch
+
+    from shimgen.runtime import _shimgen_refit as replay  # the package's own module: it imports torch
+
+    stored = [c for c in constants if not c.from_folded]
+    derived = [c for c in stored if not c.plain]
+    if program.get("missing") or any(c.name not in program.get("outputs", {}) for c in derived):
+        return False
+    if not all(c.fqn in values for c in stored if c.plain):
+        return False
+    try:
+        again = replay.run(program, {n.removeprefix(WEIGHT_PREFIX): t for n, t in values.items()}, torch.device(device))
+    except replay.RefitError:
+        return False
+    data = {}
+    for c in stored:
+        if c.plain:
+            value = values[c.fqn]
+            if str(value.dtype).removeprefix("torch.") != c.dtype or tuple(value.shape) != c.shape:
+                return False
+            data[c.name] = tensor_bytes(value)
+        else:
+            packed = program.get("packed_bytes", {}).get(c.name, 0)
+            data[c.name] = tensor_bytes(replay.constant_bytes(again[c.name], c.typed, c.nbytes, packed))
+    _write(stored, data, out)
+    return True
+
+
 def _write(stored: list[Constant], data: dict[str, bytes], out: Path) -> None:
     # By the weight's name, unless several constants come from one weight (Inductor's packed copies of it).
     uses = collections.Counter(c.weight for c in stored)

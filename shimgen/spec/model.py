@@ -192,7 +192,8 @@ class Flags:
         "the build writes them to one file beside the wheel (dist/<name>-<version>.safetensors), which the package "
         "maps from the path in $<NAME>_WEIGHTS at import or given to load_weights() (Python) or load() (C++), after "
         "checking that it was made for this build's compiled code. 'file' and 'external' build faster (no weights to "
-        "link or compress) and, without freezing, a new checkpoint rebuilds only the weights file.",
+        "link or compress), and a new checkpoint rebuilds only the weights file (with freezing, the constants it "
+        "folded computed again by the refit programs the build recorded).",
         default="file",
     )
 

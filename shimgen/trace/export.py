@@ -119,6 +119,7 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
         structure=structure_key(program),
         weights=weights_key(program),
         state=mutated_state(program),
+        library_ops=library_ops(program),
         narrowed=tuple(narrowed),
     )
 
@@ -273,6 +274,19 @@ def writes_into(node: Any) -> bool:
 def structure_key(program: Any) -> str:
     """The program without the values of its weights: its graph, signature and tensor metadata."""
     return stage_key(internals.serialized_program(program))
+
+
+def library_ops(program: Any) -> tuple[str, ...]:
+    """The ops outside torch's own (aten, prims) that the program calls, in any of its graphs: a custom op's kernel may
+    be compiled from a source file the trace read (a triton_op's Triton kernel)."""
+    names = set()
+    for module in program.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        for node in graph.nodes if graph is not None else ():
+            schema = internals.node_schema(node.target)
+            if schema is not None and schema.name.split("::")[0] not in ("aten", "prims"):
+                names.add(schema.name)
+    return tuple(sorted(names))
 
 
 def weights_key(program: Any) -> str:

@@ -293,14 +293,19 @@ def test_a_new_checkpoint_rebuilds_only_the_weights(unfrozen: tuple[Path, dict[s
 def test_with_freezing_a_state_dict_refits_the_folded_constants_as_a_rebuild_computes_them(tmp_path: Path) -> None:
     """Freezing folds the batch norm and packs the linear weights at build time; load_weights(state dict) computes
     them again from the new weights: the outputs equal eager's, and bit for bit those of a build made with the new
-    weights (the same code; its weights file loaded)."""
+    weights (the same code; its weights file loaded). The build after a new checkpoint does the same (no codegen, no
+    compile), and its wheel is byte for byte that of a fresh build."""
     spec = project(tmp_path / "frozen", "frozen", "")
     built = build_json(spec, tmp_path / "out")
     snapshot = tmp_path / "first"
     subprocess.run(["cp", "-r", built["package_dir"], str(snapshot)], check=True)
     torch.save(weights(4), spec.parent / "weights.pt")
     rebuilt = build_json(spec, tmp_path / "out")
-    assert rebuilt["compiled_units"]["done"] == 0  # freezing generates the code again; it is the same code
+    assert "codegen:forward_cpu (weights refitted)" in rebuilt["skipped"] and "codegen" not in rebuilt["stages"]
+    assert rebuilt["compiled_units"]["done"] == 0
+    fresh = build_json(spec, tmp_path / "fresh")
+    assert "codegen" in fresh["stages"]
+    assert Path(fresh["wheel"]).read_bytes() == Path(rebuilt["wheel"]).read_bytes()
     new_file = Path(rebuilt["package_dir"]) / "frozen" / "forward_cpu.safetensors"
     new = str(spec.parent / "weights.pt")
     results = run(

@@ -3,11 +3,12 @@ runtime (shimgen/runtime/_shimgen_refit.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from shimgen.inductor import refit
+from shimgen.inductor import refit, weights
 from shimgen.inductor.weights import Constant
 from shimgen.runtime import _shimgen_refit as replay
 
@@ -81,3 +82,40 @@ def test_an_operation_on_a_large_tensor_not_made_from_the_weights_leaves_its_res
     recording.constants["constant0"] = summed
     program = recording.program([constant("constant0", summed)], built)
     assert program["missing"] == {"constant0": "computed in a way the build did not record"}
+
+
+def test_a_weights_file_written_by_the_refit_programs_holds_the_constants_a_build_of_the_new_weights_holds(
+    tmp_path: Path,
+) -> None:
+    built = {
+        "model.conv.weight": torch.randn(4, 3),
+        "model.bn.var": torch.rand(4) + 0.5,
+        "model.bn.weight": torch.randn(4),
+        "model.fc.bias": torch.randn(4),
+    }
+    recording = refit.Recording({refit._storage_key(t): name for name, t in built.items()})
+    folded = folded_batch_norm(built, recording)
+    recording.constants["constant0"] = folded
+    constants = [constant("constant0", folded), constant("model.fc.bias", built["model.fc.bias"])]
+    constants = weights.mark_plain(constants, built)
+    program = recording.program([constants[0]], built)
+    new = {name: torch.randn_like(t).abs() for name, t in built.items()}
+    assert weights.write_refitted(constants, new, program, "cpu", tmp_path / "refit.safetensors")
+    expected = dict(
+        zip(
+            ("constant0", "model.fc.bias"),
+            (folded_batch_norm(new, refit.Recording({})), new["model.fc.bias"]),
+            strict=True,
+        )
+    )
+    weights._write(
+        constants, {name: weights.tensor_bytes(t) for name, t in expected.items()}, tmp_path / "built.safetensors"
+    )
+    assert (tmp_path / "refit.safetensors").read_bytes() == (tmp_path / "built.safetensors").read_bytes()
+
+    # A program left without a constant, or new weights that change a literal of the code: the file is not written.
+    missing = {**program, "outputs": {}, "missing": {"constant0": "computed in a way the build did not record"}}
+    assert not weights.write_refitted(constants, new, missing, "cpu", tmp_path / "missing.safetensors")
+    checked = {**program, "checks": [{"v": program["outputs"]["constant0"], "dtype": "float32", "values": [0.0] * 12}]}
+    assert not weights.write_refitted(constants, new, checked, "cpu", tmp_path / "checked.safetensors")
+    assert not (tmp_path / "missing.safetensors").exists() and not (tmp_path / "checked.safetensors").exists()

@@ -14,6 +14,7 @@ import random
 import re
 import sys
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +25,13 @@ from shimgen.build.meson import first_error as meson_first_error
 from shimgen.build.meson import unit_name
 from shimgen.errors import UserError
 from shimgen.files import write_if_changed
-from shimgen.inductor.codegen import compile_flags, inductor_configs, split_wrapper, uses_onednn
+from shimgen.inductor.codegen import codegen_key, compile_flags, inductor_configs, split_wrapper, uses_onednn
 from shimgen.inductor.kernel_choice import _keeping_input_layouts
 from shimgen.inductor.openmp import gemm_threads_from_caller, serial_fast_paths
 from shimgen.package.wheel import write_wheel
 from shimgen.project import escape
 from shimgen.project.render import PROBE_FILES, RUNTIME, TEMPLATES, _env, docstring, render_probe, target_id
-from shimgen.results import DICT, LIST, NONE, OBJECT, TENSOR, TUPLE, OutNode, OutType
+from shimgen.results import DICT, LIST, NONE, OBJECT, TENSOR, TUPLE, OutNode, OutType, TraceResult
 from shimgen.spec import Dim, Flags, Graph, Input, Target, load_spec
 from shimgen.toolchain import Toolchain
 
@@ -1034,3 +1035,27 @@ def test_a_package_the_caller_imported_from_elsewhere_does_not_shadow_the_projec
         for name in [name for name in sys.modules if name == "models" or name.startswith("models.")]:
             if str(tmp_path) in (getattr(sys.modules[name], "__file__", None) or ""):
                 del sys.modules[name]
+
+
+def test_python_sources_count_for_the_code_only_where_the_program_calls_library_ops(tmp_path: Path) -> None:
+    """A weight edited in the model's .py file changes only the weights' values (refit keeps the code); a triton_op's
+    kernel, compiled from its .py source, makes every read .py file count."""
+    traced = TraceResult(
+        key="k",
+        program=tmp_path / "p.pt2",
+        out_nodes=(),
+        num_outputs=1,
+        reads=(("m.py", "a"),),
+        structure="s",
+        weights="w",
+    )
+
+    def key(t: TraceResult, values: bool | None = None, **changes: Any) -> str:
+        return codegen_key(replace(t, **changes), Target(device="cpu"), Flags(), {}, "2.13.0", values=values)
+
+    assert key(traced) == key(traced, reads=(("m.py", "b"),))
+    assert key(traced) != key(traced, weights="w2")  # freezing (the default) compiles the values in
+    assert key(traced, values=False) == key(traced, values=False, weights="w2")
+    assert key(traced, values=False) != key(traced, values=False, structure="s2")
+    with_ops = replace(traced, library_ops=("demo::scale",))
+    assert key(with_ops) != key(with_ops, reads=(("m.py", "b"),))
