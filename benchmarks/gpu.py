@@ -48,8 +48,9 @@ name = "forward"
 entry = "{entry}"
 {kwargs}
 inputs = [{{ name = "x", shape = {shape} }}]
-atol = 1e-3
-rtol = 1e-3
+# cuDNN's TF32 convolutions (torch's CUDA default) differ from the traced program by about 5e-3 on ResNet-18.
+atol = 1e-2
+rtol = 1e-2
 
 [[target]]
 device = "cuda"
