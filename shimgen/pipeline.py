@@ -784,6 +784,7 @@ def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: Codege
     assert generated.weights_file is not None and generated.constants is not None
     with job.timeline.stage("weights", name):
         program = torch.export.load(str(traced.program))
+        _unrecorded_while_rewritten(job, name, generated)
         if not weights.write_from_tensors(
             weights.read_constants(generated.constants),
             {**program.state_dict, **program.constants},
@@ -793,6 +794,12 @@ def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: Codege
     generated = dataclasses.replace(generated, weights_digest=traced.weights)
     job.state.commit(f"unit:codegen:{name}", generated)
     return generated
+
+
+def _unrecorded_while_rewritten(job: Job, name: str, generated: CodegenResult) -> None:
+    """The unit's code recorded under no key while its weights file is written again in place: a build stopped before
+    the new record finds no record that the file no longer matches."""
+    job.state.commit(f"unit:codegen:{name}", dataclasses.replace(generated, key="", structure_key=""))
 
 
 def _refitted_codegen(
@@ -818,6 +825,7 @@ def _refitted_codegen(
         return None
     with job.timeline.stage("weights", f"{name} (refit)"):
         program = torch.export.load(str(traced.program))
+        _unrecorded_while_rewritten(job, name, last)
         if not weights.write_refitted(
             weights.read_constants(last.constants),
             {**program.state_dict, **program.constants},

@@ -42,6 +42,9 @@ class Recording:
     constants: dict[str, Any] = field(default_factory=dict)  # Inductor's constant name → the tensor it holds
     inlined: list[Any] = field(default_factory=list)  # tensors Inductor wrote into the code as literals
     read_back: str = ""  # the first operation that handed a weight's value to Python
+    read_weights: set[str] = field(default_factory=set)  # the weights whose values were handed to Python
+    read_unknown: bool = False  # a value was handed to Python from a tensor of unrecorded descent
+    sources: dict[int, frozenset[str]] = field(default_factory=dict)  # value → the weights it is computed from
     count: int = 0
     values: Any = None  # tensor → value number (-1: derived from the weights in a way not recorded)
 
@@ -61,6 +64,7 @@ class Recording:
             return None
         number = self._new(tensor)
         self.inputs[number] = name
+        self.sources[number] = frozenset((name,))
         return number
 
     def _new(self, tensor: Any) -> int:
@@ -82,6 +86,8 @@ class Recording:
         if any(not isinstance(r, torch.Tensor) for r in results):
             if func.name() in VALUE_READS:
                 self.read_back = self.read_back or func.name()
+                self.read_unknown |= -1 in numbers
+                self.read_weights.update(*(self.sources.get(n, ()) for n in numbers if n is not None))
             return
         written = [
             t
@@ -100,6 +106,8 @@ class Recording:
             return
         self.copied |= {self.values[t] for t in written if self.values[t] in self.inputs}
         step["out"] = [self.values.get(r) or self._new(r) for r in results]
+        descent = frozenset().union(*(self.sources.get(n, ()) for n in numbers if n is not None))
+        self.sources.update({n: self.sources.get(n, frozenset()) | descent for n in step["out"]})
         self.steps.append(step)
 
     def unrecorded(self, out: Any) -> None:
@@ -159,13 +167,25 @@ class Recording:
                 missing[c.name] = "computed in a way the build did not record"
             else:
                 outputs[c.name] = number
+        for t in self.inlined:  # a weight written into the code as it is: its value is fixed
+            number = self.value_of(t)
+            self.read_unknown |= number == -1
+            if number in self.inputs:
+                self.read_weights.add(self.inputs[number])
         checks = [
             {"v": self.values[t], "dtype": _name(t.dtype), "values": t.reshape(-1).tolist()}
             for t in self.inlined
-            if self.values.get(t, -1) != -1
+            if self.values.get(t, -1) not in (-1, *self.inputs)
         ]
         program = self._sliced(outputs, checks, original)
         program["missing"] = missing
+        # Values Python read may have been compiled into the code (a uniform weight folded into a literal).
+        read = set(original) if self.read_unknown else self.read_weights
+        program["fixed"] = {
+            name.removeprefix(weights_file.WEIGHT_PREFIX): weights_file.digest(original[name])
+            for name in sorted(read)
+            if isinstance(original.get(name), torch.Tensor)
+        }
         program["packed_bytes"] = {
             name: torch.ops.mkldnn._nbytes(self.constants[name]) for name in outputs if self.constants[name].is_mkldnn
         }

@@ -19,6 +19,7 @@ import os
 import shutil
 import tarfile
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from shimgen.build import meson
@@ -64,8 +65,10 @@ def build(
         shutil.copyfile(site / name / shared, private / shared)
     dist.mkdir(parents=True, exist_ok=True)
     tarball = dist / f".{archive}.tar.gz.new"
-    tarball.write_bytes(pack(staging, archive, meson.source_date_epoch()))
-    return _install(staging, tarball, dist / f"{archive}.tar.gz", prefix, name, tc, key, weights_file)
+    # Packed while the check runs in its own process: both only read the staged tree.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        packed = pool.submit(lambda: tarball.write_bytes(pack(staging, archive, meson.source_date_epoch())))
+        return _install(staging, tarball, dist / f"{archive}.tar.gz", prefix, name, tc, key, weights_file, packed)
 
 
 def install(
@@ -128,14 +131,20 @@ def _install(
     tc: Toolchain,
     key: str,
     weights_file: Path | None = None,
+    packed: Future[int] | None = None,
 ) -> CppPackageResult:
+    """The staged package checked, then moved into `prefix` and its archive `tarball` to `final`; `packed`: the
+    archive still being written."""
     checked = run(
         [tc.python, "-c", _CHECK, str(staging / "lib" / f"lib{name}.so"), str(staging)],
         env={**os.environ, weights_env(name): str(weights_file)} if weights_file else None,
     )
-    if not checked.ok:
+    pack_error = packed.exception() if packed is not None else None  # once the archive is written
+    if not checked.ok or pack_error is not None:
         shutil.rmtree(staging, ignore_errors=True)
         tarball.unlink(missing_ok=True)
+        if pack_error is not None:
+            raise pack_error
         crash = f"crashed with signal {checked.signal}" if checked.signal else checked.tail(3)
         raise BuildError(f"the built C++ package '{name}' does not load; the previous one is left in place: {crash}")
     tarball.replace(final)

@@ -575,11 +575,12 @@ def _no_weights(package: str, where: str) -> str:
 
 
 def _refit(code: CodegenResult) -> dict[str, Any] | None:
-    """The model's refit program (inductor/refit.py), where it has constants computed from the weights."""
+    """The model's refit program (inductor/refit.py), where it has constants computed from the weights or weights
+    whose values the code holds."""
     if code.refit is None:
         return None
     program = json.loads(code.refit.read_text())
-    return program if program["outputs"] or program["missing"] or program["checks"] else None
+    return program if any(program.get(k) for k in ("outputs", "missing", "checks", "fixed")) else None
 
 
 def _label(variant: Variant) -> str:

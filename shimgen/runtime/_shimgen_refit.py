@@ -7,19 +7,20 @@ Shipped unchanged in every package built by shimgen; the build records each mode
     {"inputs": {"<value>": ["<weight name>", "<dtype>", [<size>, ...]]}, "copied": [<value>, ...],
      "steps": [{"op": "aten::add.Tensor", "args": [...], "kwargs": {...}, "out": [<value> | null, ...]}],
      "outputs": {"<constant>": <value>}, "packed_bytes": {"<constant>": <bytes>}, "checks": [{"v": <value>, "dtype": "float32", "values": [...]}],
-     "missing": {"<constant>": "<why it has no program>"}}
+     "missing": {"<constant>": "<why it has no program>"}, "fixed": {"<weight>": "<digest>"}}
 
 An argument is a JSON scalar, a list, {"v": <value>} (an earlier value), or a literal: {"dtype": "float32"},
 {"device": "cpu"}, {"memory_format": "channels_last"}, {"layout": "strided"}, {"float": "inf"},
 {"tensor": [...], "dtype": "float32", "shape": [...]}. `copied`: inputs a step writes into (copied first, so the
 caller's tensors stay as they are). `checks`: values the code was compiled with (Inductor inlines tiny constants):
 new weights must give the same ones. `packed_bytes`: the size of oneDNN's buffer, for the constants prepacked for
-oneDNN.
+oneDNN. `fixed`: the weights whose values the build read (digest()): new weights must keep them.
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,10 +61,28 @@ def decode(arg: Any, values: dict[int, torch.Tensor], device: torch.device) -> A
     raise RefitError(f"unknown argument {arg!r} in a refit program")
 
 
+def digest(tensor: torch.Tensor) -> str:
+    """The sha256 of a tensor's elements in row-major order."""
+    data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}:{hashlib.sha256(data.tobytes()).hexdigest()}"
+
+
+def check_fixed(program: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
+    """RefitError where `weights` change a weight whose value the build read (it may be compiled into the code)."""
+    for name, expected in program.get("fixed", {}).items():
+        value = weights.get(name)
+        if isinstance(value, torch.Tensor) and digest(value) != expected:
+            raise RefitError(
+                f"weight '{name}' cannot change without a rebuild: the build read its value while compiling the model "
+                "(Inductor may have written it into the kernels, as it does for a tensor of one repeated value)"
+            )
+
+
 def run(
     program: Mapping[str, Any], weights: Mapping[str, torch.Tensor], device: torch.device
 ) -> dict[str, torch.Tensor]:
     """The program's constants computed from `weights` (by the names its inputs give) on `device`."""
+    check_fixed(program, weights)
     copied = set(program.get("copied", ()))
     values: dict[int, torch.Tensor] = {}
     for value, (name, _, _) in program["inputs"].items():

@@ -141,6 +141,10 @@ class Unit:
         copies: dict[str, torch.Tensor | None] = {}
         given: list[list[torch.Tensor | None]] = []
         for (_, constants), program in zip(self.models, self.programs, strict=True):
+            try:
+                refit.check_fixed(program or {}, state)
+            except refit.RefitError as exc:
+                raise WeightsError(f"graph {self.graph}: {exc}") from None
             derived = [c for c in constants if not c["plain"]]
             computed = self._recomputed(program, derived, state) if derived else {}
             given.append([])

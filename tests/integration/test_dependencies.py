@@ -3,6 +3,7 @@ the files a spec's `depends` globs name. A build leaves the calling process as i
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -41,6 +42,17 @@ depends = ["tables/*.txt"]
 """
 
 
+REFIT = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+package = __import__(sys.argv[2])
+try:
+    package.load_weights({"scale": torch.full((4,), 3.0)})
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+"""
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     root = tmp_path / "project"
@@ -64,6 +76,15 @@ def test_weights_file_and_declared_files_retrace(project: Path, tmp_path: Path) 
     spec, out, x = project / "scaled.toml", tmp_path / "out", torch.arange(4.0)
     first = build_json(spec, out)
     torch.testing.assert_close(call_in_subprocess(first, "forward", tmp_path, x), x * 2)
+    # Inductor writes the uniform scale into the kernel: a new value needs the rebuild below, not load_weights().
+    refused = subprocess.run(
+        [sys.executable, "-c", REFIT, first["package_dir"], first["name"]], capture_output=True, text=True, check=True
+    )
+    assert refused.stdout.strip() == (
+        "WeightsError: graph forward: weight 'scale' cannot change without a rebuild: the build read its value while "
+        "compiling the model (Inductor may have written it into the kernels, as it does for a tensor of one repeated "
+        "value)"
+    )
 
     assert "trace:forward_cpu" in build_json(spec, out)["skipped"]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from shimgen.inductor import refit, weights
@@ -119,3 +120,17 @@ def test_a_weights_file_written_by_the_refit_programs_holds_the_constants_a_buil
     checked = {**program, "checks": [{"v": program["outputs"]["constant0"], "dtype": "float32", "values": [0.0] * 12}]}
     assert not weights.write_refitted(constants, new, checked, "cpu", tmp_path / "checked.safetensors")
     assert not (tmp_path / "missing.safetensors").exists() and not (tmp_path / "checked.safetensors").exists()
+
+
+def test_a_weight_whose_value_the_build_read_is_fixed_for_refit_and_named() -> None:
+    """Inductor reads a uniform weight's value and writes it into the kernels: no constant is left to recompute, so
+    new weights must keep that value; the other weights stay free."""
+    built = {"model.scale": torch.full((4,), 2.0), "model.w": torch.randn(4)}
+    recording = refit.Recording({refit._storage_key(t): name for name, t in built.items()})
+    first = record(recording, torch.ops.aten.select.int, built["model.scale"], 0, 0)
+    record(recording, torch.ops.aten._local_scalar_dense.default, first)
+    program = recording.program([], built)
+    assert set(program["fixed"]) == {"scale"}
+    replay.check_fixed(program, {"scale": torch.full((4,), 2.0), "w": torch.randn(4)})
+    with pytest.raises(replay.RefitError, match="weight 'scale' cannot change without a rebuild"):
+        replay.run(program, {"scale": torch.full((4,), 3.0), "w": built["model.w"]}, torch.device("cpu"))
