@@ -64,7 +64,9 @@ def decode(arg: Any, values: dict[int, torch.Tensor], device: torch.device) -> A
 def digest(tensor: torch.Tensor) -> str:
     """The sha256 of a tensor's elements in row-major order."""
     data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-    return f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}:{hashlib.sha256(data.tobytes()).hexdigest()}"
+    return (
+        f"{str(tensor.dtype).removeprefix('torch.')}{list(tensor.shape)}:{hashlib.sha256(data.tobytes()).hexdigest()}"
+    )
 
 
 def check_fixed(program: Mapping[str, Any], weights: Mapping[str, Any]) -> None:
