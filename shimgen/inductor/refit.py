@@ -179,10 +179,12 @@ class Recording:
         ]
         program = self._sliced(outputs, checks, original)
         program["missing"] = missing
+        from shimgen.runtime import _shimgen_refit as replay  # the package's own module: it imports torch
+
         # Values Python read may have been compiled into the code (a uniform weight folded into a literal).
         read = set(original) if self.read_unknown else self.read_weights
         program["fixed"] = {
-            name.removeprefix(weights_file.WEIGHT_PREFIX): weights_file.digest(original[name])
+            name.removeprefix(weights_file.WEIGHT_PREFIX): replay.digest(original[name])
             for name in sorted(read)
             if isinstance(original.get(name), torch.Tensor)
         }

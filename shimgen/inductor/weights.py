@@ -363,13 +363,6 @@ def variant_bytes(path: Path, variant: str) -> int:
     )
 
 
-def digest(tensor: Any) -> str:
-    """The sha256 of a tensor's elements, as the package's refit checks a weight the build read (_shimgen_refit)."""
-    from shimgen.runtime import _shimgen_refit as replay  # the package's own module: it imports torch
-
-    return replay.digest(tensor)
-
-
 def tensor_bytes(tensor: Any) -> bytes:
     """A tensor's elements as bytes, in row-major order."""
     import torch
