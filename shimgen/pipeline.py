@@ -410,9 +410,7 @@ def _build(
                 built.launcher,
                 lambda msg: report("compile", msg),
             )
-        packaged = _package(job, project, compiled, units)
-        if cpp_skipped is None:
-            cpp_package = _cpp_package(job, packaged, archive)
+        packaged, cpp_package = _package(job, project, compiled, units, None if cpp_skipped else archive)
         if shared:
             shared.put(
                 "wheel",
@@ -948,49 +946,66 @@ def _require_gpu(spec: ProjectSpec, target: Target, job: Job) -> None:
         )
 
 
-def _package(job: Job, project: RenderedProject, compiled: CompileResult, units: list[Unit]) -> PackageResult:
+def _package(
+    job: Job, project: RenderedProject, compiled: CompileResult, units: list[Unit], cpp_archive: str | None
+) -> tuple[PackageResult, CppPackageResult | None]:
+    """The wheel and the importable package, and the C++ package (where `cpp_archive` names it), made while the
+    wheel is checked."""
     key = stage_key(project.key, [(p.name, file_hash(p)) for p in compiled.extensions], meson.source_date_epoch())
     packaged = _cached(job, "package", PackageResult, key)
     if packaged is not None:
-        return packaged
+        return packaged, _cpp_package(job, packaged, cpp_archive) if cpp_archive else None
     layout = job.layout
     external = [
         (u.name, layout.project / "src" / u.name / render.weights_file_name(u)) for u in units if u.code.weights_file
     ]
+    staged = None
+    if cpp_archive:
+        cpp_key = stage_key(key, cpp_archive)
+        staged = cpp.Staged(layout.dist, layout.cpp, job.spec.project.name, cpp_archive, job.tools().tc, cpp_key)
+
+    def stage_cpp(tree: Path, weights_file: Path | None) -> None:
+        assert staged is not None
+        with job.timeline.stage("cpp", "the C++ package"):
+            staged.prepare(layout.meson, tree, weights_file)
+
     with job.timeline.stage("package"):
-        packaged = package.build_and_unpack(
-            layout.project,
-            layout.meson,
-            layout.dist,
-            layout.site,
-            job.spec.project.name,
-            key,
-            _module_dirs(job),
-            _verify_plan(job, units),
-            external if job.spec.flags.weights == "external" else None,
-        )
+        try:
+            packaged = package.build_and_unpack(
+                layout.project,
+                layout.meson,
+                layout.dist,
+                layout.site,
+                job.spec.project.name,
+                key,
+                _module_dirs(job),
+                _verify_plan(job, units),
+                external if job.spec.flags.weights == "external" else None,
+                beside=stage_cpp if staged else None,
+            )
+        except BaseException:
+            if staged:
+                staged.discard()
+            raise
     job.state.commit("package", packaged)
-    return packaged
+    if staged is None:
+        return packaged, None
+    made = staged.commit()
+    job.state.commit("cpp", made)
+    return packaged, made
 
 
 def _cpp_package(job: Job, packaged: PackageResult, archive: str) -> CppPackageResult:
+    """The C++ package beside a wheel the last build made."""
     layout = job.layout
     key = stage_key(packaged.key, archive)
     made = _cached(job, "cpp", CppPackageResult, key)
     if made is not None:
         return made
-    with job.timeline.stage("package", "the C++ package"):
-        made = cpp.build(
-            layout.meson,
-            packaged.site,
-            layout.dist,
-            layout.cpp,
-            job.spec.project.name,
-            archive,
-            job.tools().tc,
-            key,
-            packaged.weights_file,
-        )
+    staged = cpp.Staged(layout.dist, layout.cpp, job.spec.project.name, archive, job.tools().tc, key)
+    with job.timeline.stage("cpp", "the C++ package"):
+        staged.prepare(layout.meson, packaged.site, packaged.weights_file)
+    made = staged.commit()
     job.state.commit("cpp", made)
     return made
 
@@ -1004,7 +1019,7 @@ def _shared_cpp_package(job: Job, wheel_key: str, packaged: PackageResult, archi
         data = shared.get("cpp", wheel_key)
         if data is None:
             return None
-        with job.timeline.stage("package", "the C++ package from the shared cache"):
+        with job.timeline.stage("cpp", "the C++ package from the shared cache"):
             return cpp.install(data, job.layout.dist, job.layout.cpp, job.spec.project.name, archive, job.tc, key)
 
     return _cached(job, "cpp", CppPackageResult, key, shared=from_shared)

@@ -63,7 +63,7 @@ class TraceResult:
     out_nodes: tuple[OutNode, ...]
     num_outputs: int
     reads: tuple[tuple[str, str], ...]  # (path, sha256) of every project file the trace read
-    structure: str = ""  # trace.structure_key: the program without its weights' values
+    structure: str = ""  # the saved program without its weights' values (graph, signature, tensor metadata)
     weights: str = ""  # trace.weights_key: the weights' values
     state: tuple[str, ...] = ()  # the buffers the program mutates (trace.mutated_state), by the program's names
     library_ops: tuple[str, ...] = ()  # trace.library_ops: the ops outside aten and prims the program calls

@@ -172,7 +172,7 @@ def _escapes_backslashes() -> str | None:
 
 _INDUCTOR = "torch._inductor"
 REQUIREMENTS: tuple[Requirement, ...] = (
-    # trace/ (through internals): pytree, export's config and serializer, the op registry.
+    # trace/ (through internals): pytree, export's config and saved archive, the op registry.
     Requirement("torch.utils._pytree", TRACE, _attribute("torch.utils._pytree", "tree_leaves")),
     Requirement("torch.utils._pytree's node registry", TRACE, _attribute("torch.utils._pytree", "SUPPORTED_NODES")),
     Requirement("torch.utils._pytree._get_node_type", TRACE, _attribute("torch.utils._pytree", "_get_node_type")),
@@ -190,14 +190,9 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     ),
     Requirement("torch.fx.experimental._config.patch", TRACE, _attribute("torch.fx.experimental._config", "patch")),
     Requirement(
-        "torch._export's serializer",
+        "torch.export.save's archive holding the program as models/<name>.json",
         TRACE,
-        _attribute("torch._export.serde.serialize", "serialize", ("exported_program",)),
-    ),
-    Requirement(
-        "torch._export's SerializedArtifact",
-        TRACE,
-        _attribute("torch._export.serde.serialize", "SerializedArtifact", ("exported_program",)),
+        _source_holds("torch.export.pt2_archive.constants", "MODELS_FILENAME_FORMAT", "models/{}.json"),
     ),
     Requirement("torch._C._get_schema", TRACE, _attribute("torch._C", "_get_schema")),
     Requirement("torch._C._jit_get_all_schemas", TRACE, _attribute("torch._C", "_jit_get_all_schemas")),

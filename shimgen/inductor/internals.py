@@ -1,13 +1,15 @@
 """torch's private API that the trace, custom-op and verification stages use, behind named functions: pytree nodes,
-export's config and serializer, the dispatcher's op registry. shimgen imports no private torch module outside
+export's config and saved archive, the dispatcher's op registry. shimgen imports no private torch module outside
 shimgen/inductor/; `compat` checks that each of these still is what these functions expect.
 """
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -61,11 +63,12 @@ def backed_size_oblivious() -> Iterator[None]:
         yield
 
 
-def serialized_program(program: Any) -> str:
-    """An exported program's graph, signature and tensor metadata as torch.export's serializer writes them (no weights)."""
-    from torch._export.serde.serialize import serialize
-
-    return serialize(program).exported_program.decode()
+def saved_program_json(path: Path) -> bytes:
+    """A program saved by torch.export.save: its graph, signature and tensor metadata as the archive holds them (the
+    weights are files of their own), read back instead of serializing the program a second time."""
+    with zipfile.ZipFile(path) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith("/models/model.json")]
+        return archive.read(name)
 
 
 def op_schema(name: str) -> Any:

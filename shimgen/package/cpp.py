@@ -42,52 +42,63 @@ def archive_name(name: str, version: str, target: str) -> str:
     return f"{name}-{version}-{target}-cpp"
 
 
-def build(
-    build_dir: Path,
-    site: Path,
-    dist: Path,
-    prefix: Path,
-    name: str,
-    archive: str,
-    tc: Toolchain,
-    key: str,
-    weights_file: Path | None = None,
-) -> CppPackageResult:
-    """The C++ package of the project compiled in `build_dir` whose Python package is unpacked in `site`; checked
-    with `weights_file`, an "external" package's weights."""
-    staging = prefix.with_name(prefix.name + ".new")
-    shutil.rmtree(staging, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=prefix.parent) as tmp:
-        meson.install_tagged(build_dir, "cpp", Path(tmp), tc).replace(staging)
-    private = staging / "lib" / name
-    for shared in shared_files(json.loads((site / name / BUILD_MANIFEST).read_text())):
-        (private / shared).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(site / name / shared, private / shared)
-    dist.mkdir(parents=True, exist_ok=True)
-    tarball = dist / f".{archive}.tar.gz.new"
-    # Packed while the check runs in its own process: both only read the staged tree.
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        packed = pool.submit(lambda: tarball.write_bytes(pack(staging, archive, meson.source_date_epoch())))
-        return _install(staging, tarball, dist / f"{archive}.tar.gz", prefix, name, tc, key, weights_file, packed)
+class Staged:
+    """The C++ package staged beside `prefix` and checked, with its archive written beside `final`; `commit` moves both
+    into place, `discard` removes them. Staged while the Python package is checked (wheel.build_and_unpack's
+    `beside`), committed only once both checks passed."""
+
+    def __init__(self, dist: Path, prefix: Path, name: str, archive: str, tc: Toolchain, key: str):
+        self.dist, self.prefix, self.name, self.archive, self.tc, self.key = dist, prefix, name, archive, tc, key
+        self.staging = prefix.with_name(prefix.name + ".new")
+        self.tarball = dist / f".{archive}.tar.gz.new"
+        self.final = dist / f"{archive}.tar.gz"
+
+    def prepare(self, build_dir: Path, tree: Path, weights_file: Path | None) -> None:
+        """Staged from the project compiled in `build_dir` and `tree`, the Python package's files (the shared ones are
+        copied from it), and checked with `weights_file`, an "external" package's weights."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.prefix.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=self.prefix.parent) as tmp:
+            meson.install_tagged(build_dir, "cpp", Path(tmp), self.tc).replace(self.staging)
+        private = self.staging / "lib" / self.name
+        for shared in shared_files(json.loads((tree / self.name / BUILD_MANIFEST).read_text())):
+            (private / shared).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(tree / self.name / shared, private / shared)
+        self.dist.mkdir(parents=True, exist_ok=True)
+        # Packed while the check runs in its own process: both only read the staged tree.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            packed = pool.submit(
+                lambda: self.tarball.write_bytes(pack(self.staging, self.archive, meson.source_date_epoch()))
+            )
+            _check(self.staging, self.tarball, self.name, self.tc, weights_file, packed)
+
+    def commit(self) -> CppPackageResult:
+        self.tarball.replace(self.final)
+        replace_dir(self.staging, self.prefix)
+        return CppPackageResult(key=self.key, prefix=self.prefix, archive=self.final)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.tarball.unlink(missing_ok=True)
 
 
 def install(
     data: bytes, dist: Path, prefix: Path, name: str, archive: str, tc: Toolchain, key: str
 ) -> CppPackageResult:
     """The C++ package from its archive's bytes (the shared cache's), unpacked into `prefix`."""
-    staging = prefix.with_name(prefix.name + ".new")
-    shutil.rmtree(staging, ignore_errors=True)
+    staged = Staged(dist, prefix, name, archive, tc, key)
+    shutil.rmtree(staged.staging, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=prefix.parent) as tmp:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
             if hasattr(tarfile, "data_filter"):  # no links out, no devices (Python 3.10.12+, 3.11.4+)
                 tar.extractall(tmp, filter="data")
             else:
                 tar.extractall(tmp)
-        (Path(tmp) / archive).replace(staging)
+        (Path(tmp) / archive).replace(staged.staging)
     dist.mkdir(parents=True, exist_ok=True)
-    tarball = dist / f".{archive}.tar.gz.new"
-    tarball.write_bytes(data)
-    return _install(staging, tarball, dist / f"{archive}.tar.gz", prefix, name, tc, key)
+    staged.tarball.write_bytes(data)
+    _check(staged.staging, staged.tarball, name, tc)
+    return staged.commit()
 
 
 def shared_files(manifest: dict[str, object]) -> list[str]:
@@ -122,19 +133,16 @@ def pack(root: Path, top: str, epoch: int) -> bytes:
     return out.getvalue()
 
 
-def _install(
+def _check(
     staging: Path,
     tarball: Path,
-    final: Path,
-    prefix: Path,
     name: str,
     tc: Toolchain,
-    key: str,
     weights_file: Path | None = None,
     packed: Future[int] | None = None,
-) -> CppPackageResult:
-    """The staged package checked, then moved into `prefix` and its archive `tarball` to `final`; `packed`: the
-    archive still being written."""
+) -> None:
+    """The staged package loaded by lib<name>.so in a fresh process; where that fails, or `packed` (the archive still
+    being written) failed, the staged package and `tarball` are removed and the build fails."""
     checked = run(
         [tc.python, "-c", _CHECK, str(staging / "lib" / f"lib{name}.so"), str(staging)],
         env={**os.environ, weights_env(name): str(weights_file)} if weights_file else None,
@@ -147,6 +155,3 @@ def _install(
             raise pack_error
         crash = f"crashed with signal {checked.signal}" if checked.signal else checked.tail(3)
         raise BuildError(f"the built C++ package '{name}' does not load; the previous one is left in place: {crash}")
-    tarball.replace(final)
-    replace_dir(staging, prefix)
-    return CppPackageResult(key=key, prefix=prefix, archive=final)

@@ -32,6 +32,8 @@ import tempfile
 import time
 import zipfile
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +74,13 @@ def build_and_unpack(
     module_dirs: tuple[Path, ...] = (),
     plan: verify.Plan | None = None,
     external_weights: list[tuple[str, Path]] | None = None,
+    beside: Callable[[Path, Path | None], None] | None = None,
 ) -> PackageResult:
     """The wheel of the project in `source` compiled in `build_dir`, in `dist`, and its contents in `site` (a
     directory that can go on sys.path); `module_dirs` hold the Python modules the package imports besides torch (the
     spec's directory, for its custom ops' modules). `external_weights`: flags.weights = "external", the units' weights
-    files (by unit), written as one file beside the wheel (`weights_file_of`)."""
+    files (by unit), written as one file beside the wheel (`weights_file_of`). `beside(tree, weights_file)` runs
+    while the package is checked, given its staged contents: the package is installed once both succeeded."""
     members = {path: (file.read_bytes(), file.suffix == ".so") for path, file in planned_members(build_dir).items()}
     project = tomllib.loads((source / "pyproject.toml").read_text())["project"]
     distribution = f"{canonicalize_name(project['name']).replace('-', '_')}-{project['version']}"
@@ -99,7 +103,7 @@ def build_and_unpack(
             weights_file.write_bytes(
                 weights.external_file([(unit, path.read_bytes()) for unit, path in external_weights])
             )
-        packaged = _install(wheel, staging, dist, site, name, key, module_dirs, plan, weights_file)
+        packaged = _install(wheel, staging, dist, site, name, key, module_dirs, plan, weights_file, beside)
     return dataclasses.replace(packaged, platform_reason=platform.reason)
 
 
@@ -290,8 +294,15 @@ def _install(
     module_dirs: tuple[Path, ...],
     plan: verify.Plan | None,
     weights_file: Path | None = None,
+    beside: Callable[[Path, Path | None], None] | None = None,
 ) -> PackageResult:
-    report = _check(staging, name, module_dirs, plan, weights_file)
+    with ThreadPoolExecutor(max_workers=1) as pool:  # where the check fails, `beside` is waited for all the same
+        besides = pool.submit(beside, staging, weights_file) if beside else None
+        report = _check(staging, name, module_dirs, plan, weights_file)
+        error = besides.exception() if besides is not None else None
+    if error is not None:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise error
     final = dist / wheel.name
     if weights_file is not None:
         weights_file = weights_file.replace(dist / weights_file.name)

@@ -116,7 +116,7 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
         out_nodes=tuple(out_nodes),
         num_outputs=num_outputs,
         reads=tuple((str(p), file_hash(p)) for p in sorted(reads)),
-        structure=structure_key(program),
+        structure=stage_key(internals.saved_program_json(program_file).decode()),
         weights=weights_key(program),
         state=mutated_state(program),
         library_ops=library_ops(program),
@@ -269,11 +269,6 @@ def writes_into(node: Any) -> bool:
             if schema.returns and schema.returns[0].alias_info is not None and writes_into(user):  # a view of it
                 return True
     return False
-
-
-def structure_key(program: Any) -> str:
-    """The program without the values of its weights: its graph, signature and tensor metadata."""
-    return stage_key(internals.serialized_program(program))
 
 
 def library_ops(program: Any) -> tuple[str, ...]:

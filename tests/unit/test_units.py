@@ -13,6 +13,7 @@ import os
 import random
 import re
 import sys
+import time
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -28,6 +29,8 @@ from shimgen.files import write_if_changed
 from shimgen.inductor.codegen import codegen_key, compile_flags, inductor_configs, split_wrapper, uses_onednn
 from shimgen.inductor.kernel_choice import _keeping_input_layouts
 from shimgen.inductor.openmp import gemm_threads_from_caller, serial_fast_paths
+from shimgen.package import wheel as package_wheel
+from shimgen.package.verify import Report
 from shimgen.package.wheel import write_wheel
 from shimgen.project import escape
 from shimgen.project.render import PROBE_FILES, RUNTIME, TEMPLATES, _env, docstring, render_probe, target_id
@@ -729,6 +732,64 @@ def test_write_wheel_of_the_same_members_is_byte_identical(tmp_path: Path) -> No
     write_wheel(tmp_path / "b.whl", dict(reversed(members.items())), 315532800)  # the order given does not matter
     assert (tmp_path / "a.whl").read_bytes() == (tmp_path / "b.whl").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.whl", "b.whl"]  # no temporary file left beside them
+
+
+def _staged_wheel(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A wheel in a temporary directory, its package staged beside `site`, and `site` holding an earlier package."""
+    wheel, staging, site = tmp_path / "tmp" / "pkg-0.1-py3-none-any.whl", tmp_path / "site.new", tmp_path / "site"
+    wheel.parent.mkdir()
+    (tmp_path / "dist").mkdir()
+    write_wheel(wheel, wheel_members(), 315532800)
+    (staging / "pkg").mkdir(parents=True)
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "earlier").write_text("the last good build")
+    return wheel, staging, site
+
+
+def test_the_package_is_installed_once_its_check_and_the_work_beside_it_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel, staging, site = _staged_wheel(tmp_path)
+    seen: list[str] = []
+    monkeypatch.setattr(package_wheel, "_check", lambda *args: seen.append("check") or Report())
+    installed = package_wheel._install(
+        wheel, staging, tmp_path / "dist", site, "pkg", "key", (), None, beside=lambda tree, _: seen.append(str(tree))
+    )
+    assert sorted(seen) == sorted(["check", str(staging)])
+    assert installed.wheel == tmp_path / "dist" / wheel.name and installed.wheel.is_file()
+    assert not (site / "pkg" / "earlier").exists() and not staging.exists()
+
+
+def test_a_failure_beside_the_check_leaves_the_last_package_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel, staging, site = _staged_wheel(tmp_path)
+    monkeypatch.setattr(package_wheel, "_check", lambda *args: Report())
+
+    def beside(tree: Path, weights_file: Path | None) -> None:
+        raise UserError("the C++ package does not load")
+
+    with pytest.raises(UserError, match="package does not load"):
+        package_wheel._install(wheel, staging, tmp_path / "dist", site, "pkg", "key", (), None, beside=beside)
+    assert (site / "pkg" / "earlier").is_file() and not staging.exists() and not any((tmp_path / "dist").iterdir())
+
+
+def test_a_failed_check_waits_for_the_work_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wheel, staging, site = _staged_wheel(tmp_path)
+    finished = []
+
+    def check(*args: Any) -> Report:
+        raise UserError("the built package 'pkg' does not import")
+
+    def beside(tree: Path, weights_file: Path | None) -> None:
+        time.sleep(0.2)
+        finished.append(tree)
+
+    monkeypatch.setattr(package_wheel, "_check", check)
+    with pytest.raises(UserError, match="does not import"):
+        package_wheel._install(wheel, staging, tmp_path / "dist", site, "pkg", "key", (), None, beside=beside)
+    assert finished == [staging]  # done before the error reached the caller, who then discards what it made
+    assert (site / "pkg" / "earlier").is_file()
 
 
 # --- templates
