@@ -959,15 +959,12 @@ def _package(
     external = [
         (u.name, layout.project / "src" / u.name / render.weights_file_name(u)) for u in units if u.code.weights_file
     ]
-    staged = None
-    if cpp_archive:
-        cpp_key = stage_key(key, cpp_archive)
-        staged = cpp.Staged(layout.dist, layout.cpp, job.spec.project.name, cpp_archive, job.tools().tc, cpp_key)
+    staged = _staged_cpp(job, key, cpp_archive) if cpp_archive else None
 
     def stage_cpp(tree: Path, weights_file: Path | None) -> None:
         assert staged is not None
         with job.timeline.stage("cpp", "the C++ package"):
-            staged.prepare(layout.meson, tree, weights_file)
+            staged.prepare(layout.meson, tree, weights_file, job.tools().tc)
 
     with job.timeline.stage("package"):
         try:
@@ -997,32 +994,38 @@ def _package(
 
 def _cpp_package(job: Job, packaged: PackageResult, archive: str) -> CppPackageResult:
     """The C++ package beside a wheel the last build made."""
-    layout = job.layout
-    key = stage_key(packaged.key, archive)
-    made = _cached(job, "cpp", CppPackageResult, key)
+    staged = _staged_cpp(job, packaged.key, archive)
+    made = _cached(job, "cpp", CppPackageResult, staged.key)
     if made is not None:
         return made
-    staged = cpp.Staged(layout.dist, layout.cpp, job.spec.project.name, archive, job.tools().tc, key)
     with job.timeline.stage("cpp", "the C++ package"):
-        staged.prepare(layout.meson, packaged.site, packaged.weights_file)
+        staged.prepare(job.layout.meson, packaged.site, packaged.weights_file, job.tools().tc)
     made = staged.commit()
     job.state.commit("cpp", made)
     return made
 
 
+def _staged_cpp(job: Job, package_key: str, archive: str) -> cpp.Staged:
+    """Where the C++ package of the package keyed `package_key` is staged and installed."""
+    layout = job.layout
+    key = stage_key(package_key, archive)
+    return cpp.Staged(layout.dist, layout.cpp, job.spec.project.name, archive, key)
+
+
 def _shared_cpp_package(job: Job, wheel_key: str, packaged: PackageResult, archive: str) -> CppPackageResult | None:
     """The C++ package beside a wheel this build did not compile: as the last build left it, or from the shared
     cache."""
-    key = stage_key(packaged.key, archive)
+    staged = _staged_cpp(job, packaged.key, archive)
 
     def from_shared(shared: SharedCache) -> CppPackageResult | None:
         data = shared.get("cpp", wheel_key)
         if data is None:
             return None
         with job.timeline.stage("cpp", "the C++ package from the shared cache"):
-            return cpp.install(data, job.layout.dist, job.layout.cpp, job.spec.project.name, archive, job.tc, key)
+            staged.unpack(data, job.tc)
+        return staged.commit()
 
-    return _cached(job, "cpp", CppPackageResult, key, shared=from_shared)
+    return _cached(job, "cpp", CppPackageResult, staged.key, shared=from_shared)
 
 
 def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:

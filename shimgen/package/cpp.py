@@ -47,19 +47,19 @@ class Staged:
     into place, `discard` removes them. Staged while the Python package is checked (wheel.build_and_unpack's
     `beside`), committed only once both checks passed."""
 
-    def __init__(self, dist: Path, prefix: Path, name: str, archive: str, tc: Toolchain, key: str):
-        self.dist, self.prefix, self.name, self.archive, self.tc, self.key = dist, prefix, name, archive, tc, key
+    def __init__(self, dist: Path, prefix: Path, name: str, archive: str, key: str):
+        self.dist, self.prefix, self.name, self.archive, self.key = dist, prefix, name, archive, key
         self.staging = prefix.with_name(prefix.name + ".new")
         self.tarball = dist / f".{archive}.tar.gz.new"
         self.final = dist / f"{archive}.tar.gz"
 
-    def prepare(self, build_dir: Path, tree: Path, weights_file: Path | None) -> None:
+    def prepare(self, build_dir: Path, tree: Path, weights_file: Path | None, tc: Toolchain) -> None:
         """Staged from the project compiled in `build_dir` and `tree`, the Python package's files (the shared ones are
         copied from it), and checked with `weights_file`, an "external" package's weights."""
         shutil.rmtree(self.staging, ignore_errors=True)
         self.prefix.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=self.prefix.parent) as tmp:
-            meson.install_tagged(build_dir, "cpp", Path(tmp), self.tc).replace(self.staging)
+            meson.install_tagged(build_dir, "cpp", Path(tmp), tc).replace(self.staging)
         private = self.staging / "lib" / self.name
         for shared in shared_files(json.loads((tree / self.name / BUILD_MANIFEST).read_text())):
             (private / shared).parent.mkdir(parents=True, exist_ok=True)
@@ -70,7 +70,22 @@ class Staged:
             packed = pool.submit(
                 lambda: self.tarball.write_bytes(pack(self.staging, self.archive, meson.source_date_epoch()))
             )
-            _check(self.staging, self.tarball, self.name, self.tc, weights_file, packed)
+            _check(self.staging, self.tarball, self.name, tc, weights_file, packed)
+
+    def unpack(self, data: bytes, tc: Toolchain) -> None:
+        """Staged from its archive's bytes (the shared cache's), and checked."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.prefix.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=self.prefix.parent) as tmp:
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                if hasattr(tarfile, "data_filter"):  # no links out, no devices (Python 3.10.12+, 3.11.4+)
+                    tar.extractall(tmp, filter="data")
+                else:
+                    tar.extractall(tmp)
+            (Path(tmp) / self.archive).replace(self.staging)
+        self.dist.mkdir(parents=True, exist_ok=True)
+        self.tarball.write_bytes(data)
+        _check(self.staging, self.tarball, self.name, tc)
 
     def commit(self) -> CppPackageResult:
         self.tarball.replace(self.final)
@@ -80,25 +95,6 @@ class Staged:
     def discard(self) -> None:
         shutil.rmtree(self.staging, ignore_errors=True)
         self.tarball.unlink(missing_ok=True)
-
-
-def install(
-    data: bytes, dist: Path, prefix: Path, name: str, archive: str, tc: Toolchain, key: str
-) -> CppPackageResult:
-    """The C++ package from its archive's bytes (the shared cache's), unpacked into `prefix`."""
-    staged = Staged(dist, prefix, name, archive, tc, key)
-    shutil.rmtree(staged.staging, ignore_errors=True)
-    with tempfile.TemporaryDirectory(prefix=".shimgen-cpp-", dir=prefix.parent) as tmp:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            if hasattr(tarfile, "data_filter"):  # no links out, no devices (Python 3.10.12+, 3.11.4+)
-                tar.extractall(tmp, filter="data")
-            else:
-                tar.extractall(tmp)
-        (Path(tmp) / archive).replace(staged.staging)
-    dist.mkdir(parents=True, exist_ok=True)
-    staged.tarball.write_bytes(data)
-    _check(staged.staging, staged.tarball, name, tc)
-    return staged.commit()
 
 
 def shared_files(manifest: dict[str, object]) -> list[str]:
