@@ -56,7 +56,7 @@ from shimgen.results import (
 from shimgen.spec import ProjectSpec, Target, load_spec
 from shimgen.toolchain import Toolchain, prebuilt, probe
 from shimgen.toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
-from shimgen.trace import custom_ops, variants
+from shimgen.trace import custom_ops, entry, variants
 from shimgen.trace import export as trace
 
 Progress = Callable[[str, str], None]
@@ -781,6 +781,7 @@ def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: Codege
 
     assert generated.weights_file is not None and generated.constants is not None
     with job.timeline.stage("weights", name):
+        entry.import_op_modules(traced.op_modules, name)
         program = torch.export.load(str(traced.program))
         _unrecorded_while_rewritten(job, name, generated)
         if not weights.write_from_tensors(
@@ -822,6 +823,7 @@ def _refitted_codegen(
     ):
         return None
     with job.timeline.stage("weights", f"{name} (refit)"):
+        entry.import_op_modules(traced.op_modules, name)
         program = torch.export.load(str(traced.program))
         _unrecorded_while_rewritten(job, name, last)
         if not weights.write_refitted(
@@ -1033,12 +1035,14 @@ def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:
     if not job.verify:
         return None
     graphs = []
+    modules = [op.module for op in job.spec.custom_op if op.module]
     for u in units:
         programs = []
         for (name, _), sizes in zip(u.generated, ((), *(v.sizes for v in u.variants)), strict=True):
             traced = job.state.get(TraceResult, f"unit:trace:{name}")
             assert traced is not None, name
             programs.append((sizes, traced.program))
+            modules += [m for m in traced.op_modules if m not in modules]
         graphs.append(
             verify.GraphModels(
                 graph=u.graph,
@@ -1051,7 +1055,7 @@ def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:
     return verify.Plan(
         package=job.spec.project.name,
         graphs=tuple(graphs),
-        op_modules=tuple(op.module for op in job.spec.custom_op if op.module),
+        op_modules=tuple(modules),
     )
 
 

@@ -75,3 +75,31 @@ def llama_with_cache(
         max_position_embeddings=128,
     )
     return transformers.LlamaModel(config)
+
+
+def mixtral(
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 48,
+    experts: int = 4,
+    per_token: int = 2,
+    vocab: int = 99,
+):
+    """A Mixtral decoder (mixture of experts) with its LM head and no KV cache. On a CPU, transformers routes tokens to
+    experts through a Python custom op of its own (transformers::grouped_mm_fallback), which the package imports from
+    transformers when it loads; its grouped GEMMs want rows of a multiple of 16 bytes (intermediate 48)."""
+    config = transformers.MixtralConfig(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=intermediate,
+        num_local_experts=experts,
+        num_experts_per_tok=per_token,
+        vocab_size=vocab,
+        max_position_embeddings=128,
+        use_cache=False,
+    )
+    return transformers.MixtralForCausalLM(config)

@@ -37,7 +37,7 @@ from shimgen.inductor import compat, kernel_choice, openmp, proxy_executor, refi
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import CodegenResult, CustomOps, TraceResult
 from shimgen.spec import Flags, Target
-from shimgen.trace import custom_ops
+from shimgen.trace import custom_ops, entry
 from shimgen.trace import export as trace
 
 KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>"
@@ -208,6 +208,7 @@ def generate(
     staging = out_dir.with_name(out_dir.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    entry.import_op_modules(traced.op_modules, "codegen")
     program = torch.export.load(str(traced.program))
     program_weights = {**program.state_dict, **program.constants}
     with tempfile.TemporaryDirectory(prefix="shimgen-codegen-") as tmp:
@@ -279,7 +280,7 @@ def generate(
         kernel_choices=kernel_choice.merged(recording.choices),
         untimed_gemms=tuple(recording.untimed.items()),
         extern_nodes=out_dir / "extern_nodes.json" if called else None,
-        run_time_modules=custom_ops.run_time_modules(called, ops),
+        run_time_modules=custom_ops.run_time_modules(called, ops, traced.op_modules),
         autotune_timings=recording.timings,
         constants=out_dir / "constants.json",
         refit=out_dir / "refit.json",

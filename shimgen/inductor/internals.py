@@ -106,6 +106,14 @@ def python_custom_op_file(name: str) -> str | None:
     return None if opdef is None else str(opdef._init_fn.__code__.co_filename)
 
 
+def python_custom_op_module(name: str) -> str | None:
+    """The module defining op `name` where it is a Python custom op (torch.library.custom_op); None otherwise."""
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(name)
+    return None if opdef is None else str(opdef._init_fn.__module__)
+
+
 def import_build_modules() -> None:
     """Import what every build imports (torch, export, Inductor's AOT codegen), without running anything: the build
     server's state before it forks a build."""

@@ -49,7 +49,7 @@ class GraphModels:
 class Plan:
     package: str
     graphs: tuple[GraphModels, ...]
-    op_modules: tuple[str, ...] = ()  # the spec's [[custom_op]] modules: the traced programs call their ops
+    op_modules: tuple[str, ...] = ()  # [[custom_op]] modules and trace op_modules: the traced programs call their ops
 
 
 @dataclass

@@ -24,7 +24,7 @@ from shimgen.spec import Flags, Graph, ProjectSpec, Target
 from shimgen.spec.model import SCALAR_TYPES
 from shimgen.toolchain import Toolchain, cache_dir
 from shimgen.toolchain.cuda import CudaToolchain
-from shimgen.trace import variants
+from shimgen.trace import entry, variants
 
 TEMPLATES = Path(__file__).parent / "templates"
 RUNTIME = Path(__file__).parents[1] / "runtime"  # shipped or compiled as they are
@@ -212,6 +212,7 @@ def render_project(
             for path in code.triton:
                 files[src / "triton" / path.name] = path.read_bytes()
             if code.extern_nodes:
+                entry.import_op_modules(code.run_time_modules, u.graph.name)
                 nodes = proxy_executor.extern_nodes(json.loads(code.extern_nodes.read_text()))
                 files[src / "proxy_executor.cpp"] = env.get_template("project/proxy_executor.cpp.j2").render(
                     graph=u.graph.name, nodes=nodes
@@ -281,10 +282,10 @@ def render_project(
         )
     libraries = []
     if ops:
-        for entry, path in zip([i for i, op in enumerate(spec.custom_op) if op.sources], ops.libraries, strict=True):
+        for k, path in zip([i for i, op in enumerate(spec.custom_op) if op.sources], ops.libraries, strict=True):
             files[out / "src" / "ops" / path.name] = path.read_bytes()
             libraries.append(
-                {"file": path.name, "op": next(d.name for d in ops.ops if d.entry == entry and d.module is None)}
+                {"file": path.name, "op": next(d.name for d in ops.ops if d.entry == k and d.module is None)}
             )
     targets = []
     for t in spec.target:
@@ -339,6 +340,7 @@ def render_project(
         for template, path in (
             ("package.h.j2", out / "include" / name / f"{name}.h"),
             ("package.cpp.j2", out / "src" / "cpp" / "package.cpp"),
+            ("layouts.cpp.j2", out / "src" / "cpp" / "layouts.cpp"),
             ("Config.cmake.j2", out / "src" / "cpp" / f"{name}Config.cmake"),
             ("ConfigVersion.cmake.j2", out / "src" / "cpp" / f"{name}ConfigVersion.cmake"),
             ("package.pc.j2", out / "src" / "cpp" / f"{name}.pc"),

@@ -154,16 +154,32 @@ def explain_trace_failure(message: str, ops: CustomOps) -> str | None:
     return None
 
 
-def run_time_modules(called: list[str], ops: CustomOps | None) -> tuple[str, ...]:
+def installed_op_modules(library_ops: tuple[str, ...]) -> tuple[str, ...]:
+    """The modules of installed distributions (transformers.integrations.moe, not the project's files) that define
+    Python custom ops among `library_ops`: a process that loads the traced program, or the package, imports them
+    first."""
+    import importlib.metadata
+
+    modules = [m for op in library_ops if (m := internals.python_custom_op_module(op))]
+    if not modules:
+        return ()
+    installed = importlib.metadata.packages_distributions()
+    return tuple(sorted({m for m in modules if m.split(".")[0] in installed}))
+
+
+def run_time_modules(called: list[str], ops: CustomOps | None, installed: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The Python modules a graph calling `called` (extern node targets) needs imported when the package loads:
-    an entry's module for its ops, the installed package of a namespace such as torchvision's; an entry's library
-    ops need none (the package loads the library). A Python op defined anywhere else is refused."""
+    an entry's module for its ops, the module of an installed distribution defining a Python op (`installed`,
+    trace's op_modules), the installed package of a namespace such as torchvision's; an entry's library ops need none
+    (the package loads the library). A Python op defined anywhere else (the project's files) is refused."""
     by_name = {d.name: d for d in ops.ops} if ops else {}
     modules: list[str] = []
     for target in called:
         defined = by_name.get(target)
         if defined is not None:
             module = defined.module
+        elif (owner := internals.python_custom_op_module(target)) in installed:
+            module = owner
         elif (where := internals.python_custom_op_file(target)) is not None:
             raise UserError(
                 f"the graph calls {target}, a Python custom op defined in {where}, which the package would have to import "

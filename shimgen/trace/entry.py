@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from shimgen.errors import SpecError
+from shimgen.errors import SpecError, UserError
 from shimgen.spec import Graph
 
 
@@ -273,3 +273,15 @@ def describe(exc: BaseException, spec_dir: Path) -> str:
         break
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {message}{location}"
+
+
+def import_op_modules(modules: tuple[str, ...], where: str) -> None:
+    """Import the modules defining the Python custom ops a traced program calls, before it loads."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise UserError(
+                f"{where}: the traced program calls ops defined in {module}, which does not import here: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None

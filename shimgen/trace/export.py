@@ -110,6 +110,7 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
         )
     program_file.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(program_file))
+    called = library_ops(program)
     return TraceResult(
         key=key,
         program=program_file,
@@ -119,7 +120,8 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
         structure=stage_key(internals.saved_program_json(program_file).decode()),
         weights=weights_key(program),
         state=mutated_state(program),
-        library_ops=library_ops(program),
+        library_ops=called,
+        op_modules=custom_ops.installed_op_modules(called),
         narrowed=tuple(narrowed),
     )
 

@@ -11,6 +11,7 @@ import torch
 from conftest import edited
 
 from shimgen.commands.cli import main
+from shimgen.errors import UserError
 from shimgen.spec import load_spec
 from shimgen.toolchain.cuda import CudaToolchain, detect_cuda
 
@@ -716,3 +717,29 @@ def test_python_op_outside_any_entry_is_refused_at_build(
         f"graph[0]: the graph calls shimgen_test::scale, a Python custom op defined in {workdir / 'projects' / 'customop.py'}, "
         'which the package would have to import when it loads: name its module in a [[custom_op]] entry (module = "...")'
     )
+
+
+def test_python_ops_of_installed_distributions_are_imported_by_the_package_and_the_projects_are_not() -> None:
+    """transformers routes Mixtral's experts through its own Python custom op: the module defining it is recorded at
+    trace (workers that load the traced program import it first) and imported by the package when it loads, where an op
+    defined in a project's file (in no installed distribution) stays refused as above."""
+    from shimgen.trace import custom_ops
+
+    pytest.importorskip(
+        "transformers.integrations.moe", reason="transformers without its MoE integration defines no such op"
+    )
+    op = "transformers::grouped_mm_fallback"
+    if not hasattr(torch.ops.transformers, "grouped_mm_fallback"):
+        pytest.skip(f"this transformers defines no {op}")
+    assert custom_ops.installed_op_modules((op, "aten::mm")) == ("transformers.integrations.moe",)
+    assert custom_ops.run_time_modules([op], None, ("transformers.integrations.moe",)) == (
+        "transformers.integrations.moe",
+    )
+
+    @torch.library.custom_op("shimgen_test::project_op", mutates_args=())
+    def project_op(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    assert custom_ops.installed_op_modules(("shimgen_test::project_op",)) == ()
+    with pytest.raises(UserError, match=r"name its module in a \[\[custom_op\]\] entry"):
+        custom_ops.run_time_modules(["shimgen_test::project_op"], None, ())

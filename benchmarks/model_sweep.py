@@ -1,0 +1,234 @@
+"""Models nobody here wrote, built as a user would: timm, torchvision and transformers architectures by name, from
+small configs, each its own project with shimgen's default flags, then `shimgen check` against eager.
+
+    python benchmarks/model_sweep.py [--device cpu|cuda] [--jobs N] [--only NAME ...] [--out FILE]
+
+Each model is built by `shimgen build` (its own process and output directory, builds running `--jobs` at once) and
+checked by `shimgen check` (eager against the package at every dim's min, example and max). A failure is reported with
+the first lines of shimgen's message; nothing is retried.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import REPO, Report
+
+HERE = Path(__file__).resolve().parent
+
+IMAGE = '[{ name = "x", shape = ["batch", 3, SIZE, SIZE] }]'
+TEXT = (
+    '[{ name = "input_ids", shape = ["batch", "seq"], dtype = "int64", high = 99 },'
+    ' { name = "attention_mask", shape = ["batch", "seq"], dtype = "int64", low = 1, high = 2, keyword = true }]'
+)
+PIXELS = '[{ name = "pixel_values", shape = ["batch", 3, 32, 32] }]'
+BATCH = "{ batch = { min = 1, max = 4 } }"
+BATCH_SEQ = "{ batch = { min = 1, max = 4 }, seq = { min = 2, max = 32 } }"
+SMALL_TEXT = "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 37, vocab_size = 99"
+SMALL_DECODER = SMALL_TEXT + ", num_key_value_heads = 2, max_position_embeddings = 64"
+SMALL_VISION = (
+    "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 37, image_size = 32,"
+    " patch_size = 8"
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    entry: str
+    kwargs: str  # a TOML inline table's body
+    inputs: str
+    dims: str
+    tolerance: float = 1e-3
+
+
+def timm(name: str, size: int = 224, **extra: str) -> Case:
+    body = ", ".join([f'name = "{name}"', "num_classes = 10", *(f"{k} = {v}" for k, v in extra.items())])
+    return Case(f"timm:{name}", "timm_model", body, IMAGE.replace("SIZE", str(size)), BATCH)
+
+
+def torchvision(name: str, size: int = 224, **extra: str) -> Case:
+    body = ", ".join([f'name = "{name}"', "num_classes = 10", *(f"{k} = {v}" for k, v in extra.items())])
+    return Case(f"torchvision:{name}", "torchvision_model", body, IMAGE.replace("SIZE", str(size)), BATCH)
+
+
+def hf(model_type: str, config: str, head: str = "", inputs: str = TEXT, dims: str = BATCH_SEQ) -> Case:
+    body = f'model_type = "{model_type}", head = "{head}", {config}'
+    return Case(f"transformers:{model_type}{'/' + head if head else ''}", "hf_model", body, inputs, dims, 1e-4)
+
+
+CASES = [
+    timm("deit_tiny_patch16_224"),
+    timm("efficientnet_b0"),
+    timm("mobilenetv3_small_100"),
+    timm("regnetx_002"),
+    timm("resnet18d"),
+    timm("mobilevit_xxs", 256),
+    timm("efficientformer_l1"),
+    timm("fastvit_t8"),
+    timm("tiny_vit_5m_224"),
+    timm("pvt_v2_b0"),
+    timm("xcit_nano_12_p16_224"),
+    timm("edgenext_xx_small", 256),
+    timm("mobileone_s0"),
+    timm("ghostnet_100"),
+    timm("eva02_tiny_patch14_224"),
+    timm("maxvit_nano_rw_256", 256),
+    timm("coatnet_nano_rw_224"),
+    timm("poolformerv2_s12"),
+    timm("gcvit_xxtiny"),
+    timm("davit_tiny"),
+    timm("hrnet_w18_small"),
+    timm("inception_v3", 299),
+    timm("densenet121"),
+    timm("repvgg_a0"),
+    torchvision("mobilenet_v3_small"),
+    torchvision("efficientnet_b0"),
+    torchvision("vit_b_16"),
+    torchvision("swin_t"),
+    torchvision("swin_v2_t", 256),
+    torchvision("convnext_tiny"),
+    torchvision("regnet_y_400mf"),
+    torchvision("shufflenet_v2_x1_0"),
+    torchvision("squeezenet1_1"),
+    torchvision("googlenet", aux_logits="false", init_weights="false"),
+    torchvision("maxvit_t"),
+    torchvision("mnasnet0_5"),
+    torchvision("resnext50_32x4d"),
+    hf("distilbert", "dim = 32, n_layers = 2, n_heads = 4, hidden_dim = 37, vocab_size = 99"),
+    hf("roberta", SMALL_TEXT + ", pad_token_id = 1"),
+    hf("albert", SMALL_TEXT + ", embedding_size = 16"),
+    hf("electra", SMALL_TEXT + ", embedding_size = 16"),
+    hf("deberta-v2", SMALL_TEXT),
+    hf("gpt_neox", SMALL_TEXT, "CausalLM"),
+    hf("mistral", SMALL_DECODER, "CausalLM"),
+    hf("qwen2", SMALL_DECODER, "CausalLM"),
+    hf("phi3", SMALL_DECODER + ", pad_token_id = 0", "CausalLM"),
+    hf("gemma", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
+    # grouped GEMMs need rows of a multiple of 16 bytes: intermediate_size 48
+    hf("mixtral", SMALL_DECODER.replace("37", "48") + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
+    hf("bloom", "hidden_size = 32, n_layer = 2, n_head = 4, vocab_size = 99", "CausalLM"),
+    hf(
+        "opt",
+        "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, ffn_dim = 37, vocab_size = 99,"
+        " word_embed_proj_dim = 32, max_position_embeddings = 64",
+        "CausalLM",
+    ),
+    hf("falcon", "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, vocab_size = 99", "CausalLM"),
+    hf("dinov2", SMALL_VISION, inputs=PIXELS, dims=BATCH),
+    hf("clip_vision_model", SMALL_VISION, inputs=PIXELS, dims=BATCH),
+    hf("beit", SMALL_VISION, inputs=PIXELS, dims=BATCH),
+    hf("convnext", "hidden_sizes = [8, 16, 32, 64], depths = [1, 1, 1, 1], image_size = 32", inputs=PIXELS, dims=BATCH),
+    hf(
+        "segformer",
+        "hidden_sizes = [8, 16, 32, 64], depths = [1, 1, 1, 1], num_attention_heads = [1, 1, 2, 2],"
+        " decoder_hidden_size = 32, image_size = 32",
+        inputs=PIXELS,
+        dims=BATCH,
+    ),
+    hf(
+        "swin",
+        "embed_dim = 16, depths = [1, 1], num_heads = [1, 2], image_size = 32, patch_size = 4, window_size = 2",
+        inputs=PIXELS,
+        dims=BATCH,
+    ),
+]
+
+
+def spec_text(case: Case, device: str) -> str:
+    return f"""[project]
+name = "sweep"
+
+[[graph]]
+name = "model"
+entry = "models.sweep_models:{case.entry}"
+kwargs = {{ {case.kwargs} }}
+inputs = {case.inputs}
+dims = {case.dims}
+atol = {case.tolerance}
+rtol = {case.tolerance}
+
+[[target]]
+device = "{device}"
+"""
+
+
+def first_lines(text: str, n: int = 4) -> str:
+    """The first lines of shimgen's message (what precedes it is torch's warnings)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip() and not line.startswith("[")]
+    lines = lines[next((k for k, line in enumerate(lines) if line.startswith("shimgen")), 0) :]
+    return " / ".join(lines[:n])[:600]
+
+
+def sweep_one(case: Case, device: str, work: Path) -> tuple[str, str, float]:
+    """(outcome, detail, seconds): built and checked, or where it failed."""
+    directory = work / case.name.replace(":", "_").replace("/", "_")
+    directory.mkdir(parents=True)
+    (directory / "models").symlink_to(work / "models")
+    spec = directory / "sweep.toml"
+    spec.write_text(spec_text(case, device))
+    start = time.perf_counter()
+    command = [sys.executable, "-m", "shimgen"]
+    built = subprocess.run(
+        [*command, "build", str(spec), "--out", str(directory / "out"), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    if built.returncode != 0:
+        return "build failed", first_lines(built.stderr), time.perf_counter() - start
+    checked = subprocess.run(
+        [*command, "check", str(spec), "--out", str(directory / "out")], capture_output=True, text=True, cwd=REPO
+    )
+    seconds = time.perf_counter() - start
+    if checked.returncode != 0:
+        return "check failed", first_lines(checked.stderr + checked.stdout), seconds
+    return "passed", "", seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    import torch
+
+    cases = [c for c in CASES if not args.only or any(o in c.name for o in args.only)]
+    work = Path(tempfile.mkdtemp(prefix="shimgen-sweep-"))
+    (work / "models").mkdir()
+    shutil.copy(HERE / "sweep_models.py", work / "models" / "sweep_models.py")
+    shutil.copy(REPO / "projects" / "models" / "torchvision_ops.py", work / "models" / "torchvision_ops.py")
+    (work / "models" / "__init__.py").write_text("")
+    report = Report()
+    report(
+        f"### model_sweep.py --device {args.device}, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}, {len(cases)} models, {args.jobs} at once\n"
+    )
+    report("| model | outcome | seconds | detail |\n| --- | --- | --- | --- |")
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # reported as they finish
+        running = {pool.submit(sweep_one, case, args.device, work): case for case in cases}
+        for done in as_completed(running):
+            outcome, detail, seconds = done.result()
+            report(f"| {running[done].name} | {outcome} | {seconds:.0f} | {detail.replace('|', '/')} |")
+            if args.out:
+                report.save(args.out)
+    passed = sum("| passed |" in line for line in report.lines)
+    report(f"\n{passed} of {len(cases)} passed")
+    if args.out:
+        report.save(args.out)
+
+
+if __name__ == "__main__":
+    main()

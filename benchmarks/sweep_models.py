@@ -1,0 +1,32 @@
+"""Models of benchmarks/model_sweep.py: timm, torchvision and transformers architectures by name, from small configs
+(random weights, no downloads). Copied as models/sweep_models.py beside the sweep's specs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from models import torchvision_ops  # noqa: F401  (torchvision imports where its ops library does not load)
+from torch import nn
+
+
+def timm_model(name: str, **kwargs: Any) -> nn.Module:
+    import timm
+
+    return timm.create_model(name, pretrained=False, **kwargs).eval()
+
+
+def torchvision_model(name: str, **kwargs: Any) -> nn.Module:
+    import torchvision
+
+    return torchvision.models.get_model(name, weights=None, **kwargs).eval()
+
+
+def hf_model(model_type: str, head: str = "", **config: Any) -> nn.Module:
+    """transformers' AutoModel (or AutoModelFor<head>) of `model_type` from `config`; no KV cache."""
+    import transformers
+
+    made = transformers.AutoConfig.for_model(model_type, **config)
+    if hasattr(made, "use_cache"):
+        made.use_cache = False
+    auto = getattr(transformers, f"AutoModelFor{head}" if head else "AutoModel")
+    return auto.from_config(made).eval()
