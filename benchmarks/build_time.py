@@ -155,6 +155,9 @@ def fresh_env(tmp: Path, tag: str, shimgen_cache: Path) -> dict[str, str]:
         **os.environ,
         "TORCHINDUCTOR_CACHE_DIR": str(tmp / f"inductor-{tag}"),
         "TRITON_CACHE_DIR": str(tmp / f"triton-{tag}"),
+        # shimgen compiles through ccache where it finds one: a cold build starts from an empty one (AOTInductor uses
+        # none), and the edits that follow share it, as a user's would.
+        "CCACHE_DIR": str(tmp / f"ccache-{tag}"),
         "SHIMGEN_CACHE_DIR": str(shimgen_cache / "toolchain"),
         "SHIMGEN_SERVER": "off",  # a cold build: a fresh process with nothing imported
     }
