@@ -5,12 +5,15 @@ small configs, each its own project with shimgen's default flags, then `shimgen 
 
 Each model is built by `shimgen build` (its own process and output directory, builds running `--jobs` at once) and
 checked by `shimgen check` (eager against the package at every dim's min, example and max). A failure is reported with
-the first lines of shimgen's message; nothing is retried.
+the first lines of shimgen's message; nothing is retried. A pass notes what the build fell back on (scalar kernels).
+With --device cuda, the builds take the GPUs in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import platform
 import shutil
@@ -170,7 +173,7 @@ def first_lines(text: str, n: int = 4) -> str:
     return " / ".join(lines[:n])[:600]
 
 
-def sweep_one(case: Case, device: str, work: Path) -> tuple[str, str, float]:
+def sweep_one(case: Case, device: str, work: Path, gpu: int | None) -> tuple[str, str, float]:
     """(outcome, detail, seconds): built and checked, or where it failed."""
     directory = work / case.name.replace(":", "_").replace("/", "_")
     directory.mkdir(parents=True)
@@ -179,21 +182,28 @@ def sweep_one(case: Case, device: str, work: Path) -> tuple[str, str, float]:
     spec.write_text(spec_text(case, device))
     start = time.perf_counter()
     command = [sys.executable, "-m", "shimgen"]
+    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
     built = subprocess.run(
         [*command, "build", str(spec), "--out", str(directory / "out"), "--json"],
         capture_output=True,
         text=True,
         cwd=REPO,
+        env=env,
     )
     if built.returncode != 0:
         return "build failed", first_lines(built.stderr), time.perf_counter() - start
+    scalar = json.loads(built.stdout).get("scalar_kernels", {})
     checked = subprocess.run(
-        [*command, "check", str(spec), "--out", str(directory / "out")], capture_output=True, text=True, cwd=REPO
+        [*command, "check", str(spec), "--out", str(directory / "out")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
     )
     seconds = time.perf_counter() - start
     if checked.returncode != 0:
         return "check failed", first_lines(checked.stderr + checked.stdout), seconds
-    return "passed", "", seconds
+    return "passed", "; ".join(f"{unit}: scalar kernels ({why[:200]})" for unit, why in scalar.items()), seconds
 
 
 def main() -> None:
@@ -217,8 +227,9 @@ def main() -> None:
         f"{os.cpu_count()} cores, torch {torch.__version__}, {len(cases)} models, {args.jobs} at once\n"
     )
     report("| model | outcome | seconds | detail |\n| --- | --- | --- | --- |")
+    gpus = itertools.cycle(range(torch.cuda.device_count())) if args.device == "cuda" else itertools.repeat(None)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # reported as they finish
-        running = {pool.submit(sweep_one, case, args.device, work): case for case in cases}
+        running = {pool.submit(sweep_one, case, args.device, work, next(gpus)): case for case in cases}
         for done in as_completed(running):
             outcome, detail, seconds = done.result()
             report(f"| {running[done].name} | {outcome} | {seconds:.0f} | {detail.replace('|', '/')} |")

@@ -84,6 +84,7 @@ class BuildOutput:
     compiler_cache: str | None = None
     kernel_choices: dict[str, tuple[KernelChoice, ...]] = field(default_factory=dict)  # by unit
     untimed_gemms: dict[str, tuple[tuple[tuple[str, ...], int], ...]] = field(default_factory=dict)  # by unit
+    scalar_kernels: dict[str, str] = field(default_factory=dict)  # by unit: why its CPU kernels are not vectorized
     identifiers: list[str] = field(default_factory=list)  # the matrix's build identifiers this package covers
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
@@ -118,6 +119,7 @@ class BuildOutput:
                 unit: [{"sizes": list(sizes), "count": n} for sizes, n in gemms]
                 for unit, gemms in self.untimed_gemms.items()
             },
+            "scalar_kernels": self.scalar_kernels,
             "identifiers": self.identifiers,
             "shared_cache": self.shared_cache,
             "timeline": [
@@ -296,7 +298,7 @@ class Tuning:
     """The lockfile's timing records as the build found them, whether to measure again, and the spec's units (the
     lockfile keeps theirs, also those of targets that `--only` leaves out)."""
 
-    locked: dict[str, lockfile.Timings]
+    locked: lockfile.Locked
     retune: bool
     all_units: set[str]
 
@@ -375,7 +377,7 @@ def _build(
         shared=shared,
         verify=verify,
     )
-    units = _generate_all(job)
+    units = _generate_all(job, {})
     job.state.forget_all_but(
         "unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")}
     )
@@ -390,26 +392,8 @@ def _build(
     if packaged is None:
         built = tools()
         _keep_meson_dir_if_configured_for(job, built)
-        with timeline.stage("prebuilt"):
-            prebuilts: dict[str, Prebuilt] = {
-                t.device: prebuilt.ensure(
-                    built.tc, t, [u for u in units if u.target is t], spec.flags, lambda msg: report("prebuilt", msg)
-                )
-                for t in spec.target
-            }
-        with timeline.stage("render"):
-            project = render.render_project(
-                spec, version, layout.spec_path.name, built.tc, built.cuda, units, prebuilts, ops, layout.project
-            )
-        with timeline.stage("compile"):
-            compiled = meson.build(
-                layout.project,
-                layout.meson,
-                built.tc,
-                f"the package '{spec.project.name}'",
-                built.launcher,
-                lambda msg: report("compile", msg),
-            )
+        units, project, compiled = _compiled(job, units, version, built)
+        wheel_key = _wheel_key(job, units, version)
         packaged, cpp_package = _package(job, project, compiled, units, None if cpp_skipped else archive)
         if shared:
             shared.put(
@@ -450,6 +434,7 @@ def _build(
         compiler_cache=tools.probed.launcher if tools.probed else None,
         kernel_choices={name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
         untimed_gemms={name: code.untimed_gemms for u in units for name, code in u.generated if code.untimed_gemms},
+        scalar_kernels={name: code.scalar_kernels for u in units for name, code in u.generated if code.scalar_kernels},
         identifiers=[
             matrix.BuildId(
                 python=tc.python_version,
@@ -574,11 +559,11 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
         job.state.commit("meson", Stamp(key=tools.key))
 
 
-def _generate_all(job: Job) -> list[Unit]:
+def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
     """Every graph on every target traced and generated, its dynamic code and each specialized variant, or taken from
-    the
-    last build (or the shared cache) where up to date. The traces to make run at once in worker processes, then the
-    codegens (shimgen/build/workers.py)."""
+    the last build (or the shared cache) where up to date. The traces to make run at once in worker processes, then the
+    codegens (shimgen/build/workers.py). The units named in `scalar`, and those the lockfile says so of, get CPU kernels
+    without vectorization (why, by unit)."""
     spec, layout, state = job.spec, job.layout, job.state
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
     works = [
@@ -632,14 +617,18 @@ def _generate_all(job: Job) -> list[Unit]:
     code: dict[str, CodegenResult] = {}
     to_generate: list[tuple[str, workers.CodegenTask]] = []
     for name, i, _, target, _ in works:
-        locked = {} if job.tuning.retune else job.tuning.locked.get(lockfile.section(name, job.tc.torch_version), {})
-        key = codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version)
+        section = lockfile.section(name, job.tc.torch_version)
+        locked = {} if job.tuning.retune else job.tuning.locked.timings.get(section, {})
+        why = scalar.get(name) or ("" if job.tuning.retune else job.tuning.locked.scalar_kernels.get(section, ""))
+        key = codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version, vectorize=not why)
         generated = _known_codegen(job, name, traced[name], key) or _refitted_codegen(
             job,
             name,
             traced[name],
             key,
-            codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version, values=False),
+            codegen.codegen_key(
+                traced[name], target, spec.flags, locked, job.tc.torch_version, values=False, vectorize=not why
+            ),
             target,
         )
         if generated is not None:
@@ -659,6 +648,7 @@ def _generate_all(job: Job) -> list[Unit]:
                     locked=locked,
                     retune=job.tuning.retune,
                     where=f"graph[{i}]",
+                    scalar_kernels=why,
                 ),
             )
         )
@@ -667,12 +657,12 @@ def _generate_all(job: Job) -> list[Unit]:
         job.timeline.record("codegen", name, start, end)
         task = next(task for unit, task in to_generate if unit == name)
         # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
-        timings, torch_version = generated.autotune_timings, job.tc.torch_version
+        timings, torch_version, vectorize = generated.autotune_timings, job.tc.torch_version, not task.scalar_kernels
         generated = dataclasses.replace(
             generated,
-            key=codegen.codegen_key(task.traced, task.target, spec.flags, timings, torch_version),
+            key=codegen.codegen_key(task.traced, task.target, spec.flags, timings, torch_version, vectorize=vectorize),
             structure_key=codegen.codegen_key(
-                task.traced, task.target, spec.flags, timings, torch_version, values=False
+                task.traced, task.target, spec.flags, timings, torch_version, values=False, vectorize=vectorize
             ),
         )
         state.commit(f"unit:codegen:{name}", generated)
@@ -706,6 +696,76 @@ def _generate_all(job: Job) -> list[Unit]:
                 )
             )
     return units
+
+
+def _compiled(
+    job: Job, units: list[Unit], version: str, built: Tools
+) -> tuple[list[Unit], RenderedProject, CompileResult]:
+    """The project rendered and compiled: (the units as compiled, the project, what Meson built). A graph whose
+    vectorized CPU kernels the compiler refuses (Inductor's vectorized codegen has bugs that a torch release or a g++
+    version brings out) is generated again with scalar kernels, and compiled again; the lockfile keeps why."""
+    spec, layout, timeline = job.spec, job.layout, job.timeline
+    scalar: dict[str, str] = {}
+    while True:
+        with timeline.stage("prebuilt"):
+            prebuilts: dict[str, Prebuilt] = {
+                t.device: prebuilt.ensure(
+                    built.tc,
+                    t,
+                    [u for u in units if u.target is t],
+                    spec.flags,
+                    lambda msg: timeline.report("prebuilt", msg),
+                )
+                for t in spec.target
+            }
+        with timeline.stage("render"):
+            project = render.render_project(
+                spec, version, layout.spec_path.name, built.tc, built.cuda, units, prebuilts, job.ops, layout.project
+            )
+        try:
+            with timeline.stage("compile"):
+                return (
+                    units,
+                    project,
+                    meson.build(
+                        layout.project,
+                        layout.meson,
+                        built.tc,
+                        f"the package '{spec.project.name}'",
+                        built.launcher,
+                        lambda msg: timeline.report("compile", msg),
+                    ),
+                )
+        except meson.BuildFailure as failure:
+            name = _vectorized_unit(layout.project, units, failure)
+            if name is None or name in scalar:
+                raise
+            scalar[name] = meson.error_message(failure.detail)
+            timeline.report(
+                "compile",
+                f"{name}: the compiler refused its vectorized kernels ({scalar[name]}); "
+                "generating them again without vectorization",
+            )
+            units = _generate_all(job, scalar)
+
+
+def _vectorized_unit(project: Path, units: list[Unit], failure: meson.BuildFailure) -> str | None:
+    """The unit whose vectorized CPU kernels `failure` is in, or None."""
+    if failure.step != "compile" or not failure.unit:
+        return None
+    path = Path(failure.unit).resolve()
+    if not re.fullmatch(r"kernels_\d+\.cpp", path.name) or path.parent.parent != (project / "src").resolve():
+        return None
+    return next(
+        (
+            name
+            for u in units
+            if not devices.device(u.target.device).gpu
+            for name, code in u.generated
+            if name == path.parent.name and not code.scalar_kernels
+        ),
+        None,
+    )
 
 
 def _run(
@@ -922,14 +982,14 @@ def _wheel_from(shared: SharedCache, job: Job, key: str, units: list[Unit]) -> P
 def _update_lockfile(job: Job, units: list[Unit]) -> None:
     torch = job.tc.torch_version
     written = {
-        lockfile.section(name, torch): (code.autotune_timings, code.kernel_choices)
+        lockfile.section(name, torch): (code.autotune_timings, code.kernel_choices, code.scalar_kernels)
         for u in units
         for name, code in u.generated
     }
     keep = {
         lockfile.section(unit, version)
         for unit in job.tuning.all_units
-        for version in {torch, *(s.rpartition(" torch")[2] for s in job.tuning.locked)}
+        for version in {torch, *(s.rpartition(" torch")[2] for s in job.tuning.locked.timings)}
     }
     if lockfile.update(job.layout.lock_path, written, keep - set(written)):
         job.timeline.report("lockfile", f"wrote the kernel choices measured to {job.layout.lock_path}")

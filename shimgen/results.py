@@ -140,6 +140,7 @@ class CodegenResult:
     structure_key: str = ""  # codegen_key without the weights' values: a weights-only edit keeps it (refit)
     unused_weights: tuple[str, ...] = ()  # the program's weights the model does not take (weights.unused_weights)
     state: tuple[str, ...] = ()  # the weights the model mutates (TraceResult.state)
+    scalar_kernels: str = ""  # why its CPU kernels are not vectorized: the compiler refused the vectorized ones
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -190,6 +191,13 @@ class Unit:
     def library(self, variant: Variant) -> str:
         """The variant's library name, without its suffix."""
         return f"_{self.name}__{variant.name}"
+
+
+def target_compile_args(units: list[Unit]) -> list[str]:
+    """The compile arguments of Inductor's code for the units of one target: a vectorized unit's, since a unit with
+    scalar kernels has no ISA define (at::vec's headers would pick their generic code for the others)."""
+    codes = [code for u in units for _, code in u.generated]
+    return next((code for code in codes if not code.scalar_kernels), codes[0]).compile_args
 
 
 def unit_name(graph: Graph, target: Target) -> str:

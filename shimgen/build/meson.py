@@ -39,6 +39,7 @@ class BuildFailure(BuildError):
         self.step = step
         self.completed = completed
         self.detail = detail
+        self.unit = unit
         log = f"\n(full log: {completed.log})" if completed.log else ""
         super().__init__(f"{what}: {step} failed{f' in {unit}' if unit else ''}:\n{detail}{log}")
 
@@ -196,6 +197,12 @@ def unit_name(description: str) -> str:
     """'Compiling C++ object _forward.cpython-311-x86_64-linux-gnu.so.p/src_forward_wrapper.cpp.o' -> 'src_forward_wrapper.cpp'."""
     words = description.split()
     return words[-1].split("/")[-1].removesuffix(".o") if words else description
+
+
+def error_message(detail: str) -> str:
+    """The compiler's first error message in `detail` (first_error's), without the file and line it names."""
+    first = next((line for line in detail.splitlines() if "error" in line), detail.strip().split("\n")[0])
+    return first.split("error: ", 1)[-1].strip()[:300]
 
 
 def first_error(log: str, build_dir: Path) -> tuple[str, str]:

@@ -51,6 +51,7 @@ class CodegenTask:
     locked: Timings
     retune: bool
     where: str
+    scalar_kernels: str = ""  # why the CPU kernels are generated without vectorization
 
 
 def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
@@ -63,7 +64,16 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
     compat.check(compat.CODEGEN)
     try:
         return codegen.generate(
-            task.traced, task.target, task.flags, task.cxx, task.out_dir, task.key, ops, task.locked, task.retune
+            task.traced,
+            task.target,
+            task.flags,
+            task.cxx,
+            task.out_dir,
+            task.key,
+            ops,
+            task.locked,
+            task.retune,
+            scalar_kernels=task.scalar_kernels,
         )
     except SpecError:
         raise

@@ -337,6 +337,8 @@ def _print_summary(result: BuildOutput) -> None:
         print(f"  not verified: {skipped}", file=err)
     if result.slowest_units:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
+    for unit, why in result.scalar_kernels.items():
+        print(f"  {unit}: CPU kernels not vectorized: the compiler refused the vectorized ones ({why})", file=err)
     for unit, gemms in result.untimed_gemms.items():
         listed = ", ".join(f"{' @ '.join(sizes)}{f' x{n}' if n > 1 else ''}" for sizes, n in gemms)
         print(f"  library GEMMs, untimed ({kernel_choice.RULE}), {unit}: {listed}", file=err)

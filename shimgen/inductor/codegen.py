@@ -76,8 +76,9 @@ CONFIG_KEYS = (
 )
 
 
-def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> dict[str, Any]:
-    """Inductor settings for one graph; `cxx`, the proved compiler, for what Inductor compiles itself."""
+def inductor_configs(target: Target, flags: Flags, cxx: str | None = None, vectorize: bool = True) -> dict[str, Any]:
+    """Inductor settings for one graph; `cxx`, the proved compiler, for what Inductor compiles itself. Without
+    `vectorize`, CPU kernels are scalar loops."""
     configs: dict[str, Any] = {
         "aot_inductor.package_cpp_only": True,
         "aot_inductor.precompile_headers": False,
@@ -128,7 +129,9 @@ def inductor_configs(target: Target, flags: Flags, cxx: str | None = None) -> di
     # The GEMM template is written for cpp.threads partitions: at least two, so that it has a parallel region
     # (openmp.gemm_threads_from_caller then shares them among the caller's team).
     configs.update({"cpp.dynamic_threads": True, "cpp.threads": max(2, os.cpu_count() or 1)})
-    if target.isa is not None and target.isa != "native":
+    if not vectorize:
+        configs["cpp.simdlen"] = 1
+    elif target.isa is not None and target.isa != "native":
         configs["cpp.simdlen"] = ISA_FLAGS[target.isa][0]
     return configs
 
@@ -152,6 +155,7 @@ def codegen_key(
     locked: Timings,
     torch_version: str,
     values: bool | None = None,
+    vectorize: bool = True,
 ) -> str:
     """Holds no path of this machine (the shared cache finds it on another); for a native ISA, this machine's CPU.
     The program counts without its weights' values where the code does not depend on them (`values_compiled`), or
@@ -171,7 +175,7 @@ def codegen_key(
         host,
         target.isa,
         target.archs,
-        inductor_configs(target, flags),
+        inductor_configs(target, flags, vectorize=vectorize),
         flags.onednn,
         flags.split,
         shimgen_fingerprint(),
@@ -198,11 +202,13 @@ def generate(
     ops: CustomOps | None,
     locked: Timings,
     retune: bool = False,
+    scalar_kernels: str = "",
 ) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
     for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
     dispatcher at run time. Kernel choices come from the `locked` timings where they have them (unless `retune`).
-    The directory is replaced whole, only on success."""
+    With `scalar_kernels` (why), the CPU kernels are not vectorized. The directory is replaced whole, only on
+    success."""
     import torch
 
     staging = out_dir.with_name(out_dir.name + ".new")
@@ -230,7 +236,9 @@ def generate(
                 refit.recorded(program_weights) as refitting,
             ):
                 torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(package), inductor_configs=inductor_configs(target, flags, cxx)
+                    program,
+                    package_path=str(package),
+                    inductor_configs=inductor_configs(target, flags, cxx, vectorize=not scalar_kernels),
                 )
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
             refused = _cause(exc, user_triton.UserKernelError)
@@ -288,6 +296,7 @@ def generate(
         weights_digest=traced.weights,
         unused_weights=tuple(weights.unused_weights(constants, program_weights)),
         state=traced.state,
+        scalar_kernels=scalar_kernels,
     )
 
 

@@ -19,7 +19,18 @@ from shimgen import devices
 from shimgen.files import file_hash, stage_key, write_if_changed
 from shimgen.inductor import proxy_executor, weights
 from shimgen.project import escape
-from shimgen.results import OBJECT, CodegenResult, CustomOps, OutNode, OutType, Prebuilt, RenderedProject, Unit, Variant
+from shimgen.results import (
+    OBJECT,
+    CodegenResult,
+    CustomOps,
+    OutNode,
+    OutType,
+    Prebuilt,
+    RenderedProject,
+    Unit,
+    Variant,
+    target_compile_args,
+)
 from shimgen.spec import Flags, Graph, ProjectSpec, Target
 from shimgen.spec.model import SCALAR_TYPES
 from shimgen.toolchain import Toolchain, cache_dir
@@ -294,7 +305,7 @@ def render_project(
             {
                 "device": t.device,
                 "archs": t.archs,
-                "inductor_args": next(u.code.compile_args for u in units if u.target is t),
+                "inductor_args": target_compile_args([u for u in units if u.target is t]),
                 "interface_lib": str(built.interface_lib),
                 "runtime_libs": [str(p) for p in built.runtime_libs],
                 "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],

@@ -15,7 +15,7 @@ from shimgen.build.meson import build
 from shimgen.errors import BuildError, UserError
 from shimgen.files import exclusive, shimgen_fingerprint
 from shimgen.project import render
-from shimgen.results import Prebuilt, Unit
+from shimgen.results import Prebuilt, Unit, target_compile_args
 from shimgen.spec import Flags, Target
 from shimgen.toolchain import Toolchain, cache_dir, runtime_lib
 
@@ -28,7 +28,7 @@ def ensure(
     if len(interfaces) != 1:
         raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
     interface = interfaces.pop()
-    compile_args = units[0].code.compile_args
+    compile_args = target_compile_args(units)
     key = hashlib.sha256(
         json.dumps(
             [tc.key, target.device, compile_args, flags.wrapper_opt, flags.kernel_opt, flags.pch, shimgen_fingerprint()]
