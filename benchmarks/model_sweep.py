@@ -149,6 +149,11 @@ CASES = [
 
 
 def spec_text(case: Case, device: str) -> str:
+    archs = ""
+    if device == "cuda":
+        import torch
+
+        archs = 'archs = ["sm_{}{}"]\n'.format(*torch.cuda.get_device_capability())
     return f"""[project]
 name = "sweep"
 
@@ -163,7 +168,7 @@ rtol = {case.tolerance}
 
 [[target]]
 device = "{device}"
-"""
+{archs}"""
 
 
 def first_lines(text: str, n: int = 4) -> str:
@@ -173,8 +178,8 @@ def first_lines(text: str, n: int = 4) -> str:
     return " / ".join(lines[:n])[:600]
 
 
-def sweep_one(case: Case, device: str, work: Path, gpu: int | None) -> tuple[str, str, float]:
-    """(outcome, detail, seconds): built and checked, or where it failed."""
+def sweep_one(case: Case, device: str, work: Path, gpu: int | None, threads: int) -> tuple[str, str, float]:
+    """(outcome, detail, seconds): built and checked with `threads` threads for torch, or where it failed."""
     directory = work / case.name.replace(":", "_").replace("/", "_")
     directory.mkdir(parents=True)
     (directory / "models").symlink_to(work / "models")
@@ -183,6 +188,7 @@ def sweep_one(case: Case, device: str, work: Path, gpu: int | None) -> tuple[str
     start = time.perf_counter()
     command = [sys.executable, "-m", "shimgen"]
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": str(gpu)} if gpu is not None else {})}
+    env.setdefault("OMP_NUM_THREADS", str(threads))
     built = subprocess.run(
         [*command, "build", str(spec), "--out", str(directory / "out"), "--json"],
         capture_output=True,
@@ -227,9 +233,10 @@ def main() -> None:
         f"{os.cpu_count()} cores, torch {torch.__version__}, {len(cases)} models, {args.jobs} at once\n"
     )
     report("| model | outcome | seconds | detail |\n| --- | --- | --- | --- |")
+    threads = max(1, (os.cpu_count() or 1) // args.jobs)  # the cores shared out among the builds
     gpus = itertools.cycle(range(torch.cuda.device_count())) if args.device == "cuda" else itertools.repeat(None)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # reported as they finish
-        running = {pool.submit(sweep_one, case, args.device, work, next(gpus)): case for case in cases}
+        running = {pool.submit(sweep_one, case, args.device, work, next(gpus), threads): case for case in cases}
         for done in as_completed(running):
             outcome, detail, seconds = done.result()
             report(f"| {running[done].name} | {outcome} | {seconds:.0f} | {detail.replace('|', '/')} |")

@@ -737,9 +737,19 @@ def _compiled(
                     ),
                 )
         except meson.BuildFailure as failure:
-            name = _vectorized_unit(layout.project, units, failure)
-            if name is None or name in scalar:
+            failed = _failed_kernels(layout.project, units, failure)
+            if failed is None:
                 raise
+            name, code = failed
+            if code.scalar_kernels:
+                raise meson.BuildFailure(
+                    f"the package '{spec.project.name}' ({name}: its kernels without vectorization, made since the "
+                    f"compiler refused its vectorized ones: {code.scalar_kernels})",
+                    failure.step,
+                    failure.completed,
+                    failure.detail,
+                    failure.unit,
+                ) from None
             scalar[name] = meson.error_message(failure.detail)
             timeline.report(
                 "compile",
@@ -749,8 +759,8 @@ def _compiled(
             units = _generate_all(job, scalar)
 
 
-def _vectorized_unit(project: Path, units: list[Unit], failure: meson.BuildFailure) -> str | None:
-    """The unit whose vectorized CPU kernels `failure` is in, or None."""
+def _failed_kernels(project: Path, units: list[Unit], failure: meson.BuildFailure) -> tuple[str, CodegenResult] | None:
+    """The CPU unit whose kernels `failure` is in, or None."""
     if failure.step != "compile" or not failure.unit:
         return None
     path = Path(failure.unit).resolve()
@@ -758,11 +768,11 @@ def _vectorized_unit(project: Path, units: list[Unit], failure: meson.BuildFailu
         return None
     return next(
         (
-            name
+            (name, code)
             for u in units
             if not devices.device(u.target.device).gpu
             for name, code in u.generated
-            if name == path.parent.name and not code.scalar_kernels
+            if name == path.parent.name
         ),
         None,
     )

@@ -111,6 +111,7 @@ def run_all(
     order, whichever finished first: the spec errors all together (SpecErrors where there are several), else the
     first."""
     errors: dict[int, BaseException] = {}
+    threads = max(1, _threads() // max(1, workers))
     if not workers:
         for k, (name, task) in enumerate(tasks):
             start = time.time()
@@ -121,7 +122,7 @@ def run_all(
                 continue
             done(name, result, start, time.time())
     elif fork and _single_threaded():  # a process with threads (an OpenMP team) cannot be forked safely: spawned
-        for k, outcome in _forked(tasks, work, workers):
+        for k, outcome in _forked(tasks, work, workers, threads):
             if isinstance(outcome, BaseException):
                 errors[k] = outcome
             else:
@@ -134,7 +135,7 @@ def run_all(
             pool = ProcessPoolExecutor(workers, mp_context=context)
         with pool:
             futures: dict[Future[tuple[Any, float, float]], int] = {
-                pool.submit(_timed, work, task): k for k, (_, task) in enumerate(tasks)
+                pool.submit(_timed, work, task, threads): k for k, (_, task) in enumerate(tasks)
             }
             for future in as_completed(futures):
                 k = futures[future]
@@ -148,7 +149,7 @@ def run_all(
 
 
 def _forked(
-    tasks: list[tuple[str, T]], work: Callable[[T], Any], workers: int
+    tasks: list[tuple[str, T]], work: Callable[[T], Any], workers: int, threads: int
 ) -> Iterator[tuple[int, tuple[Any, float, float] | BaseException]]:
     """(task index, (result, start, end) or the exception it raised) as each task ends, each in a process of its own
     forked from this one (ProcessPoolExecutor reuses its processes when forking), `workers` at a time."""
@@ -159,7 +160,7 @@ def _forked(
         while pending and len(running) < workers:
             k, (_, task) = pending.pop(0)
             receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(target=_send_outcome, args=(sender, work, task), daemon=True)
+            process = context.Process(target=_send_outcome, args=(sender, work, task, threads), daemon=True)
             process.start()
             sender.close()
             running[receiver] = (k, process)
@@ -185,9 +186,9 @@ def _single_threaded() -> bool:
         return threading.active_count() == 1
 
 
-def _send_outcome(sender: Any, work: Callable[[T], Any], task: T) -> None:
+def _send_outcome(sender: Any, work: Callable[[T], Any], task: T, threads: int) -> None:
     try:
-        outcome: Any = _timed(work, task)
+        outcome: Any = _timed(work, task, threads)
     except BaseException as exc:  # noqa: BLE001  (handed to the build process, which raises it)
         outcome = exc
     sender.send(outcome)
@@ -203,6 +204,17 @@ def _raise_in_order(errors: list[BaseException]) -> None:
         raise spec_errors[0]
 
 
-def _timed(work: Callable[[T], Any], task: T) -> tuple[Any, float, float]:
+def _threads() -> int:
+    """The threads torch runs here: $OMP_NUM_THREADS, as torch reads it, else one per core."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else os.cpu_count() or 1
+
+
+def _timed(work: Callable[[T], Any], task: T, threads: int) -> tuple[Any, float, float]:
+    """`work(task)` in a worker process whose torch runs `threads` threads: the workers share the cores (with each
+    taking them all, constant folding and tracing ran several OpenMP teams spinning against each other)."""
+    import torch
+
+    torch.set_num_threads(threads)
     start = time.time()
     return work(task), start, time.time()

@@ -11,7 +11,7 @@ from typing import Any
 
 from shimgen import devices
 from shimgen.spec import Graph, ProjectSpec
-from shimgen.trace.entry import call_model, example_sizes, load_model, make_inputs, project_scope
+from shimgen.trace.entry import call_model, example_sizes, float32_as_float32, load_model, make_inputs, project_scope
 from shimgen.trace.export import describe_type, node_parts
 from shimgen.trace.variants import specializations
 
@@ -73,7 +73,7 @@ def compare(
             for n, (label, sizes) in enumerate(cases(graph, made.get(graph.name) if made is not None else None)):
                 inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed + n)]
                 label = label if len(spec.target) == 1 else f"{device}: {label}"
-                with torch.no_grad():
+                with torch.no_grad(), float32_as_float32():
                     expected = call_model(model, graph, inputs)
                     got = call_model(compiled, graph, inputs)
                 try:

@@ -317,7 +317,32 @@ def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> tup
 
 @contextmanager
 def _cuda_codegen(tmp: Path) -> Iterator[None]:
-    with _private_inductor_cache(tmp), user_triton.guarded():
+    with _private_inductor_cache(tmp), user_triton.guarded(), _short_kernel_names():
+        yield
+
+
+FUSED_NAME_LIMIT = 96
+
+
+def short_fused_name(name: str) -> str:
+    """A fused kernel's descriptive name cut to FUSED_NAME_LIMIT characters; the kernel's number that Inductor appends
+    keeps names unique."""
+    return name if len(name) <= FUSED_NAME_LIMIT else name[:FUSED_NAME_LIMIT].rstrip("_")
+
+
+@contextmanager
+def _short_kernel_names() -> Iterator[None]:
+    """Inductor names a Triton kernel after every op fused into it (its kernel_name_max_ops is never applied): a
+    decoder's rotary-embedding kernel gets a 230-character name, and nvcc, which writes `<name>.ptx` into a temporary
+    file of a longer name when it makes the fatbin, fails (the file name is over 255 bytes)."""
+    from torch._inductor.codegen import triton as triton_codegen
+
+    named = triton_codegen.get_fused_kernel_name
+
+    def shortened(*args: Any, **kwargs: Any) -> str:
+        return short_fused_name(named(*args, **kwargs))
+
+    with mock.patch.object(triton_codegen, "get_fused_kernel_name", shortened):
         yield
 
 

@@ -229,6 +229,11 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         _source_holds(f"{_INDUCTOR}.constant_folding", "ConstantFolder.__init__", "self.unknown_value"),
     ),
     Requirement(
+        "Inductor's Triton kernel names (codegen.triton.get_fused_kernel_name)",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.codegen.triton", "get_fused_kernel_name", ("node_schedule", "descriptive_names")),
+    ),
+    Requirement(
         "Inductor's KernelTemplate._template_from_string",
         CODEGEN,
         _attribute(

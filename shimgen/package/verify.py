@@ -24,7 +24,7 @@ from shimgen import devices
 from shimgen.inductor import compat, internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
 from shimgen.spec import Graph
-from shimgen.trace.entry import call_model, example_sizes, make_inputs
+from shimgen.trace.entry import call_model, example_sizes, float32_as_float32, make_inputs
 
 INPUT_BYTES_LIMIT = 256 << 20  # a case whose inputs need more is skipped (a dim declared with no practical maximum)
 # Tolerances never tighter than these: the graph's atol/rtol may be set to 0 for `shimgen check`, and compiled kernels
@@ -143,7 +143,7 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
                     )
                     return
             inputs = [t.to(models.device) for t in make_inputs(graph, sizes, graph.seed + n)]
-            with torch.no_grad():
+            with torch.no_grad(), float32_as_float32():
                 try:
                     got = call_model(compiled, graph, inputs)
                 except Exception as exc:

@@ -251,6 +251,27 @@ def example_sizes(graph: Graph) -> dict[str, int]:
     return {name: dim.example for name, dim in graph.dims.items()}  # type: ignore[misc]
 
 
+@contextmanager
+def float32_as_float32() -> Iterator[None]:
+    """float32 GEMMs and convolutions computed without TF32 while a package is compared with its reference. By torch's
+    default, cuDNN's convolutions round float32 inputs to TF32 (a relative error near 1e-3), and whether a convolution
+    reaches cuDNN, and with which algorithm, differs between eager, a traced program and the package (segformer's batch-1
+    variant on the H100: 1e-3 apart with TF32, 1e-6 without). Compared at float32, a package that computes something
+    else still stands out against tolerances of 1e-4."""
+    import torch
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    allowed = matmul.allow_tf32
+    matmul.allow_tf32 = False
+    try:
+        with cudnn.flags(
+            enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic, allow_tf32=False
+        ):
+            yield
+    finally:
+        matmul.allow_tf32 = allowed
+
+
 def call_model(model: Callable[..., Any], graph: Graph, tensors: list[Any]) -> Any:
     """Call the model the way the spec declares its inputs: positional first, then keywords."""
     args = [t for inp, t in zip(graph.inputs, tensors, strict=True) if not inp.keyword]

@@ -276,3 +276,20 @@ def test_the_torch_2_11_gemm_template_gets_the_callers_team_size() -> None:
     edited = gemm_threads_from_caller(GEMM_TOLD_ITS_TEAM)
     assert "#pragma omp parallel num_threads(num_threads)" in edited and "num_threads(4)" not in edited
     assert "Kt_blocks * num_threads >=" in edited and "int64_t num_threads = omp_get_max_threads();" in edited
+
+
+def test_packages_are_compared_at_float32_and_the_callers_flags_come_back() -> None:
+    """verify and `shimgen check` compare without TF32 (trace/entry.float32_as_float32); torch's flags for it are
+    settable without a GPU, and the caller's return afterwards, also after an error."""
+    from shimgen.trace.entry import float32_as_float32
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    before = (cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark)
+    matmul.allow_tf32, cudnn.benchmark = True, True
+    try:
+        with pytest.raises(RuntimeError), float32_as_float32():
+            assert (cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark) == (False, False, True)
+            raise RuntimeError
+        assert (cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark) == (before[0], True, True)
+    finally:
+        cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark = before

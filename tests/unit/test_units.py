@@ -12,6 +12,8 @@ import importlib
 import os
 import random
 import re
+import shutil
+import subprocess
 import sys
 import time
 import zipfile
@@ -26,7 +28,15 @@ from shimgen.build.meson import first_error as meson_first_error
 from shimgen.build.meson import unit_name
 from shimgen.errors import UserError
 from shimgen.files import write_if_changed
-from shimgen.inductor.codegen import codegen_key, compile_flags, inductor_configs, split_wrapper, uses_onednn
+from shimgen.inductor.codegen import (
+    FUSED_NAME_LIMIT,
+    codegen_key,
+    compile_flags,
+    inductor_configs,
+    short_fused_name,
+    split_wrapper,
+    uses_onednn,
+)
 from shimgen.inductor.kernel_choice import _keeping_input_layouts
 from shimgen.inductor.openmp import gemm_threads_from_caller, serial_fast_paths
 from shimgen.package import wheel as package_wheel
@@ -1120,3 +1130,74 @@ def test_python_sources_count_for_the_code_only_where_the_program_calls_library_
     assert key(traced, values=False) != key(traced, values=False, structure="s2")
     with_ops = replace(traced, library_ops=("demo::scale",))
     assert key(with_ops) != key(with_ops, reads=(("m.py", "b"),))
+
+
+# A rotary-embedding kernel of a transformers decoder (mistral, qwen2, mixtral), as torch 2.11 names it on CUDA.
+ROTARY_KERNEL = (
+    "triton_poi_fused__scaled_dot_product_efficient_attention__to_copy__unsafe_view_add_arange_bitwise_and_bmm_cat_"
+    "clone_constant_pad_nd_cos_expand_gt_index_le_mul_neg_new_ones_scalar_tensor_sin_slice_sub_transpose_unsqueeze_"
+    "view_where_2"
+)
+
+
+def test_short_fused_name_cuts_only_long_names() -> None:
+    fused = ROTARY_KERNEL.removeprefix("triton_poi_").removesuffix("_2")
+    assert short_fused_name("fused_add_relu") == "fused_add_relu"
+    assert short_fused_name(fused) == fused[:FUSED_NAME_LIMIT].rstrip("_") and len(short_fused_name(fused)) <= 96
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc, which makes Inductor's fatbins")
+def test_nvcc_makes_a_fatbin_of_a_shortened_kernel_name_only(tmp_path: Path) -> None:
+    """Inductor's fatbin command (codecache, emit_multi_arch_kernel) on a trivial PTX named after the kernel: nvcc
+    fails on the full name and succeeds on the shortened one, even with the largest kernel number Inductor appends."""
+    ptx = ".version 7.8\n.target sm_90\n.address_size 64\n.visible .entry k() { ret; }\n"
+    fused = ROTARY_KERNEL.removeprefix("triton_poi_").removesuffix("_2")
+    outcomes = []
+    for name in (ROTARY_KERNEL, f"triton_poi_{short_fused_name(fused)}_99999"):
+        (tmp_path / f"{name}.ptx").write_text(ptx)
+        made = subprocess.run(
+            ["nvcc", "-fatbin", f"{name}.ptx", "-o", f"{name}.fatbin"]
+            + ["-gencode", "arch=compute_90,code=compute_90", "-gencode", "arch=compute_90,code=sm_90"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        outcomes.append(made.returncode == 0 and (tmp_path / f"{name}.fatbin").is_file())
+    assert outcomes == [False, True]
+
+
+def test_scalar_kernels_override_the_targets_vector_length(tmp_path: Path) -> None:
+    traced = TraceResult(
+        key="k", program=tmp_path / "p.pt2", out_nodes=(), num_outputs=1, reads=(), structure="s", weights="w"
+    )
+    for isa in ("native", "avx512", None):
+        target = Target(device="cpu", isa=isa)
+        assert inductor_configs(target, Flags(), vectorize=False)["cpp.simdlen"] == 1
+        assert codegen_key(traced, target, Flags(), {}, "2.13.0") != codegen_key(
+            traced, target, Flags(), {}, "2.13.0", vectorize=False
+        )
+
+
+def test_lockfile_keeps_why_a_unit_has_scalar_kernels(tmp_path: Path) -> None:
+    from shimgen.inductor import lockfile
+
+    path = tmp_path / "spec.toml.lock"
+    timed = {"mm": {"inputs": {"float32": {"choice": 0.5}}}}
+    lockfile.update(
+        path, {"a torch2.13.0": ({}, (), "‘decltype’ evaluates to ‘float’"), "b torch2.13.0": (timed, (), "")}, set()
+    )
+    read = lockfile.read(path)
+    assert read.scalar_kernels == {"a torch2.13.0": "‘decltype’ evaluates to ‘float’"}
+    assert read.timings == {"a torch2.13.0": {}, "b torch2.13.0": timed}
+    lockfile.update(path, {"a torch2.13.0": ({}, (), "")}, {"b torch2.13.0"})  # retuned: vectorized again
+    assert lockfile.read(path) == lockfile.Locked(timings={"b torch2.13.0": timed})
+
+
+def test_error_message_is_the_compilers_first_error_without_its_place() -> None:
+    from shimgen.build.meson import error_message
+
+    detail = (
+        "../project/src/model_cpu/kernels_0.cpp:777:52: error: ‘decltype’ evaluates to ‘float’, which is not a class\n"
+        "  777 |     auto tmp = decltype(x)::blendv(a, b, m);\n"
+    )
+    assert error_message(detail) == "‘decltype’ evaluates to ‘float’, which is not a class"
