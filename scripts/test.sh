@@ -17,10 +17,8 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 .venv/bin/python -m mypy
 # Two workers on the machine's two cores; a group of tests (a file, or what tests/conftest.py groups) stays on one
-# worker, with its module's fixtures; the slowest groups start first. Each worker's builds and models run torch on one
-# thread (a test that needs a team sets its own): OpenMP teams of two in each spun against the other's.
+# worker, with its module's fixtures; the slowest groups start first.
 workers=(-n "${TEST_WORKERS:-2}" --dist loadgroup)
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( $(nproc) / ${TEST_WORKERS:-2} > 0 ? $(nproc) / ${TEST_WORKERS:-2} : 1 ))}"
 (cd tests && ../.venv/bin/python -m pytest -q -ra --durations=30 "${workers[@]}" "$@")
 if [ "$second" != none ]; then
   wait "$second_setup" || { cat "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"; exit 1; }
