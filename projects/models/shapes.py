@@ -24,3 +24,15 @@ class TopK(torch.nn.Module):
         scores = self.proj(x).relu()
         values, indices = scores.topk(3, dim=-1)
         return values, indices, scores.view(-1, 2, scores.shape[-1] // 2)
+
+
+class HostMask(torch.nn.Module):
+    """As timm's EdgeNeXt does: a mask made on the CPU from the input's shape, then moved to the input's device."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = ~torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool)
+        return self.proj(x) * mask.to(x.device).cumsum(0, dtype=torch.float32)

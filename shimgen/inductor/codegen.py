@@ -497,6 +497,25 @@ def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
     return interface, includes + model, ["".join(kernels[k] for k in sorted(b)) for b in bins]
 
 
+def shared_interface(texts: dict[str, str]) -> str:
+    """The runtime interface for every graph of a target, from each graph's interface.cpp (by unit name).
+
+    The interface is the same text for every graph after the device headers it starts with: Inductor includes one
+    per device the graph computes on, and a graph that computes partly on the CPU (a mask made with torch.zeros and
+    moved to the GPU, say) includes the CPU's too. The shared interface includes every graph's headers."""
+    headers: dict[str, None] = {}
+    bodies: dict[str, list[str]] = {}
+    for unit in sorted(texts):
+        lines = texts[unit].splitlines(keepends=True)
+        k = next((k for k, line in enumerate(lines) if line.strip() and not line.startswith("#include")), len(lines))
+        headers.update(dict.fromkeys(sorted(line for line in lines[:k] if line.strip())))
+        bodies.setdefault("".join(lines[k:]), []).append(unit)
+    if len(bodies) != 1:
+        groups = "; ".join(", ".join(units) for units in bodies.values())
+        raise compat.changed(f"Inductor emitted different runtime interfaces for graphs of one target ({groups})")
+    return "\n" + "".join(sorted(headers)) + next(iter(bodies))
+
+
 def compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str], list[str]]:
     """(defines, compile args) of Inductor's code from its compile-flags JSON, for the spec's target."""
     defines = [

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from shimgen.build.meson import build
-from shimgen.errors import BuildError, UserError
+from shimgen.errors import BuildError
 from shimgen.files import exclusive, shimgen_fingerprint
+from shimgen.inductor import codegen
 from shimgen.project import render
 from shimgen.results import Prebuilt, Unit, target_compile_args
 from shimgen.spec import Flags, Target
@@ -23,11 +24,10 @@ from shimgen.toolchain import Toolchain, cache_dir, runtime_lib
 def ensure(
     tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiting: Callable[[str], None] | None = None
 ) -> Prebuilt:
-    """The prebuilt pieces for `target`, whose `units` must share one runtime interface."""
-    interfaces = {code.interface.read_bytes() for u in units for _, code in u.generated}
-    if len(interfaces) != 1:
-        raise UserError("Inductor emitted different runtime interfaces for this project's graphs; unsupported")
-    interface = interfaces.pop()
+    """The prebuilt pieces for `target`, whose `units` share one runtime interface."""
+    interface = codegen.shared_interface(
+        {name: code.interface.read_text() for u in units for name, code in u.generated}
+    ).encode()
     compile_args = target_compile_args(units)
     key = hashlib.sha256(
         json.dumps(

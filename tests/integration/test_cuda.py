@@ -615,3 +615,43 @@ def test_counter_state_on_cuda_across_graphs_and_threads(workdir: Path) -> None:
     assert counter.state("cuda")["count"].item() == 54.0
     counter.reset_state()
     assert counter.state("cuda")["count"].item() == 0.0
+
+
+def test_a_graph_computing_partly_on_the_cpu_builds_beside_one_that_does_not(workdir: Path, tmp_path: Path) -> None:
+    """A mask made on the CPU from the dynamic batch (timm's EdgeNeXt does so) leaves CPU kernels in the CUDA graph,
+    whose runtime interface then includes the CPU's headers too; the batch-1 variant's mask is a constant. The target
+    shares one interface all the same."""
+    spec = spec_of_its_own(
+        workdir,
+        tmp_path / "host_mask.toml",
+        textwrap.dedent("""
+        [project]
+        name = "host_mask"
+
+        [[graph]]
+        name = "masked"
+        entry = "models.shapes:HostMask"
+        inputs = [{ name = "x", shape = ["batch", 16] }]
+        dims = { batch = { min = 1, max = 8, example = 4, specialize = [1] } }
+
+        [[target]]
+        device = "cuda"
+        archs = ["sm_90"]
+    """),
+    )
+    summary = build_json(spec, tmp_path)
+    codegen = tmp_path / "build" / "host_mask" / "codegen"
+    headers = {
+        unit.name: sorted(
+            re.findall(r"<torch/csrc/inductor/aoti_include/(\w+)\.h>", (unit / "interface.cpp").read_text())
+        )
+        for unit in sorted(codegen.iterdir())
+    }
+    print("interface headers:", headers)
+    assert ["cpu", "cuda"] in headers.values(), headers
+    package = import_package(summary)
+    model, _ = eager(spec, 0, "cuda")
+    with torch.no_grad():
+        for batch in (1, 5):
+            x = torch.randn(batch, 16, device="cuda")
+            torch.testing.assert_close(package.masked(x), model(x), rtol=1e-4, atol=1e-5)

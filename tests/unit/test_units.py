@@ -33,6 +33,7 @@ from shimgen.inductor.codegen import (
     codegen_key,
     compile_flags,
     inductor_configs,
+    shared_interface,
     short_fused_name,
     split_wrapper,
     uses_onednn,
@@ -193,6 +194,23 @@ def test_split_wrapper_without_interface_block_is_a_user_error() -> None:
     text = wrapper(KERNELS).replace('} // extern "C"\n', "}\n")
     with pytest.raises(UserError, match="no runtime interface block"):
         split_wrapper(text, 4)
+
+
+def test_shared_interface_includes_every_graphs_device_headers() -> None:
+    """A CUDA graph that computes partly on the CPU includes the CPU's header too (in either order); its interface is
+    the others' all the same."""
+    cuda = INTERFACE.replace("aoti_include/cpu.h", "aoti_include/cuda.h")
+    both = INTERFACE.replace(INCLUDES[0], INCLUDES[0].replace("cpu", "cuda") + "\n" + INCLUDES[0])
+    assert shared_interface({"forward_cpu": INTERFACE}) == INTERFACE  # one graph: its own text
+    merged = shared_interface({"forward_cuda": both, "forward_cuda__batch1": cuda})
+    assert merged == INTERFACE.replace(INCLUDES[0], INCLUDES[0] + "\n" + INCLUDES[0].replace("cpu", "cuda"))
+    assert merged == shared_interface({"b": cuda, "a": both.replace("#include", "\n#include", 1)})
+
+
+def test_shared_interface_refuses_interfaces_that_differ_past_their_headers() -> None:
+    other = INTERFACE.replace("run(container_handle);", "run(container_handle, 1);")
+    with pytest.raises(UserError, match=r"different runtime interfaces for graphs of one target \(a, c; b\)"):
+        shared_interface({"a": INTERFACE, "b": other, "c": INTERFACE})
 
 
 # --- compile flags: Inductor's flags JSON → the defines and arguments of the kernel translation units ----------------
