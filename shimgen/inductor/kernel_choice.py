@@ -14,6 +14,9 @@ own beside Inductor's autotuning cache, which holds timings taken with all threa
 
 from __future__ import annotations
 
+import hashlib
+import re
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -85,14 +88,15 @@ def recorded(device: str, locked: Timings, retune: bool, every_gemm: bool = Fals
         benchmark = _keeping_input_layouts(benchmark, candidates)
         precision = torch.get_float32_matmul_precision()
         replay = locked.get(op, {}).get(key, {}).get(precision, {})
-        if not retune and candidates and all(c.hash_key() in replay for c in candidates):
-            timings = {c: replay[c.hash_key()] for c in candidates}
+        names = locked_keys(candidates)
+        if not retune and candidates and all(names[c] in replay for c in candidates):
+            timings = {c: replay[names[c]] for c in candidates}
         elif retune:
             timings = benchmark(candidates) if benchmark is not None else {}
         else:
             timings = measure(self, candidates, op, inputs, benchmark, hint_override)
         record = recording.timings.setdefault(op, {}).setdefault(key, {}).setdefault(precision, {})
-        record.update({c.hash_key(): t for c, t in timings.items()})
+        record.update({names[c]: t for c, t in timings.items()})
         return timings
 
     def log_results(name: str, input_nodes: list[Any], timings: dict[Any, float], *args: Any, **kwargs: Any) -> None:
@@ -121,6 +125,29 @@ def recorded(device: str, locked: Timings, retune: bool, every_gemm: bool = Fals
             torch.set_num_threads(1)
             stack.callback(torch.set_num_threads, threads)
         yield recording
+
+
+# What a C++ GEMM template's source holds of the machine that rendered it: its core count (the partitions, the blocking
+# made for them) and cache sizes, all in constants. The GEMM's own sizes are constants too, but a lockfile entry is
+# already keyed by them.
+_MACHINE_CONSTANTS = re.compile(r"(constexpr int64_t \w+ = |\btid < |num_threads\(|_blocks \* )\d+")
+
+
+def locked_keys(candidates: list[Any]) -> dict[Any, str]:
+    """Each candidate's key in the lockfile: Inductor's `hash_key`, which for a C++ GEMM template hashes its source.
+    That source's machine constants are left out of the hash, so that a lockfile written on one machine replays on
+    another with more cores; where that would give two candidates of one GEMM the same key, both keep Inductor's."""
+    keys: dict[Any, str] = {}
+    for candidate in candidates:
+        key = candidate.hash_key()
+        request = getattr(candidate, "bmreq", None)
+        source, source_hash = getattr(request, "source_code", None), getattr(request, "hash_key", None)
+        if isinstance(source, str) and isinstance(source_hash, str) and source_hash and key.endswith(source_hash):
+            portable = hashlib.sha256(_MACHINE_CONSTANTS.sub(r"\1N", source).encode()).hexdigest()[:40]
+            key = f"{key.removesuffix(source_hash)}portable-{portable}"
+        keys[candidate] = key
+    taken = Counter(keys.values())
+    return {c: key if taken[key] == 1 else c.hash_key() for c, key in keys.items()}
 
 
 def _gemm_gates(gate: str) -> list[tuple[Any, Any]]:

@@ -1,9 +1,10 @@
 """`<spec>.lock`: every kernel choice Inductor makes by timing (`gemm_autotune`, `max_autotune`), kept beside the
-spec so that the next build, on any machine, replays it instead of measuring again: the same spec, toolchain and
+spec so that the next build, on any machine, replays it instead of measuring again (a C++ GEMM template's key leaves
+out the core count its source was made for: kernel_choice.locked_keys): the same spec, toolchain and
 torch then give the same kernels (and the same wheel). Meant to be committed; `shimgen build --retune` measures again.
 
 Per unit (graph, device, torch) it holds Inductor's own timing records (op -> input layouts -> float32 matmul
-precision -> candidate hash -> ms), which Inductor's autotuning cache reads in the same shape, and beside them the
+precision -> candidate key -> ms), in the shape of Inductor's autotuning cache, and beside them the
 choices as a reader wants them (op, sizes, winner, microseconds per candidate). A unit whose vectorized C++ kernels the
 compiler refused also holds why (`scalar_kernels`): later builds generate its kernels without vectorization at once.
 """

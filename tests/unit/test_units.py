@@ -38,7 +38,7 @@ from shimgen.inductor.codegen import (
     split_wrapper,
     uses_onednn,
 )
-from shimgen.inductor.kernel_choice import _keeping_input_layouts
+from shimgen.inductor.kernel_choice import _keeping_input_layouts, locked_keys
 from shimgen.inductor.openmp import gemm_threads_from_caller, serial_fast_paths
 from shimgen.package import wheel as package_wheel
 from shimgen.package.verify import Report
@@ -1073,6 +1073,51 @@ def test_timing_candidates_keeps_their_inputs_symbolic_sizes() -> None:
     assert mat2.layout.size == [batch, 32, 49] and mat2.layout.size is view_size
     assert mat1.layout.size == [batch, 49, 32]
     assert _keeping_input_layouts(None, [aten]) is None
+
+
+class _Request:
+    def __init__(self, source: str) -> None:
+        self.source_code, self.hash_key = source, f"h{abs(hash(source))}"
+
+
+class _Template:
+    """Like Inductor's CppTemplateCaller: its key hashes its benchmark's source."""
+
+    def __init__(self, source: str) -> None:
+        self.bmreq = _Request(source)
+
+    def hash_key(self) -> str:
+        return f"CppMicroGemmFP32Vec-{self.bmreq.hash_key}"
+
+
+class _Extern:
+    def hash_key(self) -> str:
+        return "_linear_pointwise-attr='relu'-cabc"
+
+
+GEMM_SOURCE = """
+    constexpr int64_t num_threads = {threads};
+    constexpr int64_t Mt_blocks = 1;
+    constexpr int64_t Nt_blocks = {n_blocks};
+    for (int64_t tid = 0; tid < {threads}; tid++) {{ cpp_CppMicroGemmFP32Vec_micro_gemm<{register_n}>(); }}
+    if (Mt_blocks * Nt_blocks * Kt_blocks * {threads} >= Mr_blocks * Nr_blocks * Kr_blocks) {{}}
+"""
+
+
+def test_a_gemm_templates_lockfile_key_leaves_out_the_machines_core_count() -> None:
+    """A lockfile written on 2 cores replays on 16: the template's partitions and blocking are made for the core
+    count, the rest of its source is the key. The library's candidate keeps Inductor's key."""
+    extern = _Extern()
+    two = _Template(GEMM_SOURCE.format(threads=2, n_blocks=11, register_n=32))
+    sixteen = _Template(GEMM_SOURCE.format(threads=16, n_blocks=2, register_n=32))
+    other_kernel = _Template(GEMM_SOURCE.format(threads=2, n_blocks=11, register_n=16))
+    on_two, on_sixteen = locked_keys([extern, two]), locked_keys([extern, sixteen])
+    assert on_two[extern] == on_sixteen[extern] == extern.hash_key()
+    assert on_two[two] == on_sixteen[sixteen] != two.hash_key()
+    assert on_two[two].startswith("CppMicroGemmFP32Vec-portable-")
+    assert locked_keys([other_kernel])[other_kernel] != on_two[two]
+    # Two candidates of one GEMM that differ only in those constants keep keys of their own.
+    assert locked_keys([two, sixteen]) == {two: two.hash_key(), sixteen: sixteen.hash_key()}
 
 
 def test_a_module_kept_from_another_project_does_not_shadow_this_one(tmp_path: Path) -> None:
