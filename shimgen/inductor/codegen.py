@@ -33,7 +33,7 @@ from unittest import mock
 from shimgen import devices
 from shimgen.errors import UserError
 from shimgen.files import replace_dir, shimgen_fingerprint, stage_key
-from shimgen.inductor import compat, kernel_choice, openmp, proxy_executor, refit, user_triton, weights
+from shimgen.inductor import compat, internals, kernel_choice, openmp, proxy_executor, refit, user_triton, weights
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import CodegenResult, CustomOps, TraceResult
 from shimgen.spec import Flags, Target
@@ -215,7 +215,7 @@ def generate(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     entry.import_op_modules(traced.op_modules, "codegen")
-    program = torch.export.load(str(traced.program))
+    program = internals.load_program(traced.program)
     program_weights = {**program.state_dict, **program.constants}
     with tempfile.TemporaryDirectory(prefix="shimgen-codegen-") as tmp:
         package = Path(tmp) / "model.pt2"

@@ -159,6 +159,18 @@ def _serialized_names() -> str | None:
     )
 
 
+def _example_sizes() -> str | None:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from shimgen.inductor.internals import example_sizes
+
+    try:
+        ok = isinstance(example_sizes(ShapeEnv()), dict)
+    except AttributeError:
+        ok = False
+    return None if ok else "torch's ShapeEnv keeps its example sizes in neither backed_var_to_val nor var_to_val"
+
+
 def _escapes_backslashes() -> str | None:
     from packaging.version import Version
     from torch._inductor.codegen import wrapper
@@ -366,6 +378,8 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         _attribute("torch._higher_order_ops.triton_kernel_wrap", "create_tma_stable_metadata", ("block_shape",)),
     ),
     Requirement("Inductor's embedding of user Triton kernel sources", CODEGEN, _escapes_backslashes),
+    # internals.load_program
+    Requirement("torch's ShapeEnv example sizes", CODEGEN, _example_sizes),
     # proxy_executor.py
     Requirement("torch._export's serialized dtype, layout and memory format names", CODEGEN, _serialized_names),
     # openmp.py: the C++ GEMM template's text that gemm_threads_from_caller edits. Its parallel region is either a

@@ -63,6 +63,36 @@ def backed_size_oblivious() -> Iterator[None]:
         yield
 
 
+def example_sizes(shape_env: Any) -> dict[Any, Any]:
+    """A ShapeEnv's example (hint) size of each symbol, as the dict it keeps."""
+    hints = getattr(shape_env, "backed_var_to_val", None)  # torch >= 2.12
+    return shape_env.var_to_val if hints is None else hints
+
+
+def load_program(path: Path) -> Any:
+    """torch.export.load, with the example sizes of derived dims restored. A dim declared `k * Dim(...)` comes back
+    from the archive with its example size keyed by the expression (`32*s13: 64`), so its own symbol has none, and
+    Inductor fails where it needs one (`optimization_hint` of a host-side TMA descriptor's size)."""
+    import sympy
+    import torch
+    from torch._guards import detect_fake_mode
+
+    program = torch.export.load(str(path))
+    fake_mode = detect_fake_mode([node.meta.get("val") for node in program.graph.nodes])
+    shape_env = getattr(fake_mode, "shape_env", None)
+    if shape_env is None:
+        return program
+    hints = example_sizes(shape_env)
+    for expr, value in list(hints.items()):
+        if expr.is_Symbol or len(expr.free_symbols) != 1:
+            continue
+        (symbol,) = expr.free_symbols
+        solutions = sympy.solve(sympy.Eq(expr, value), symbol)
+        if symbol not in hints and len(solutions) == 1 and solutions[0].is_Integer:
+            hints[symbol] = sympy.Integer(solutions[0])
+    return program
+
+
 def saved_program_json(path: Path) -> bytes:
     """A program saved by torch.export.save: its graph, signature and tensor metadata as the archive holds them (the
     weights are files of their own), read back instead of serializing the program a second time."""

@@ -324,29 +324,38 @@ class Top(torch.nn.Module):
 """
 
 
-def host_tma_spec(tmp_path: Path, entry: str) -> Path:
+def host_tma_spec(tmp_path: Path, entry: str, rows: str = "min = 16, max = 256, example = 64") -> Path:
     (tmp_path / "tma_ops.py").write_text(HOST_TMA_MODULE)
     spec = tmp_path / "host_tma.toml"
     spec.write_text(
         '[project]\nname = "host_tma"\n\n[[custom_op]]\nmodule = "tma_ops"\n\n[[graph]]\nname = "forward"\n'
         f'entry = "tma_ops:{entry}"\ninputs = [{{ name = "x", shape = ["rows", 64] }}]\n'
-        "dims = { rows = { min = 16, max = 256, example = 64 } }\n\n"
+        f"dims = {{ rows = {{ {rows} }} }}\n\n"
         '[[target]]\ndevice = "cuda"\narchs = ["sm_90"]\n'
     )
     return spec
 
 
-def test_host_tma_descriptors_build_and_equal_eager(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "rows,sizes",
+    [
+        # 40: the last block runs past the rows, which TMA leaves unwritten
+        ("min = 16, max = 256, example = 64", (16, 40, 256)),
+        # A derived dim (32 * Dim), whose example size torch.export.load loses (internals.load_program)
+        ("min = 32, max = 256, multiple_of = 32", (32, 96, 256)),
+    ],
+)
+def test_host_tma_descriptors_build_and_equal_eager(tmp_path: Path, rows: str, sizes: tuple[int, ...]) -> None:
     """A user kernel taking TensorDescriptor.from_tensor descriptors: the graph sees their tensors, the wrapper builds
     the descriptors at each call (a dynamic row count), the kernel loads through TMA, and the package equals eager."""
-    spec = host_tma_spec(tmp_path, "Model")
+    spec = host_tma_spec(tmp_path, "Model", rows)
     built = build_json(spec, tmp_path / "out")
     sass = "".join(cuobjdump("--dump-sass", f) for f in fatbins(built))
     assert "UTMALDG" in sass and "UTMASTG" in sass
     pkg = import_package(built)
     model, _ = eager(spec, 0, "cuda")
-    for rows in (16, 40, 256):  # 40: the last block runs past the rows, which TMA leaves unwritten
-        x = torch.randn(rows, 64, device="cuda")
+    for size in sizes:
+        x = torch.randn(size, 64, device="cuda")
         torch.testing.assert_close(pkg.forward(x), model(x))
     result = shimgen("check", spec, "--out", tmp_path / "out")
     assert result.returncode == 0, result.stderr

@@ -293,3 +293,28 @@ def test_packages_are_compared_at_float32_and_the_callers_flags_come_back() -> N
         assert (cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark) == (before[0], True, True)
     finally:
         cudnn.allow_tf32, matmul.allow_tf32, cudnn.benchmark = before
+
+
+def test_a_loaded_programs_derived_dim_keeps_its_example_size(tmp_path: Path) -> None:
+    """torch.export.load keys a `32 * Dim(...)` dim's example size by the expression, leaving the Dim's own symbol
+    without one; internals.load_program solves for it, as torch.export had it before saving."""
+    from torch._guards import detect_fake_mode
+
+    from shimgen.inductor import internals
+
+    class Model(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.sum(0)
+
+    rows = torch.export.Dim("rows_over_32", min=1, max=8)
+    program = torch.export.export(Model(), (torch.randn(96, 4),), dynamic_shapes=({0: 32 * rows},))
+    torch.export.save(program, tmp_path / "program.pt2")
+
+    def example_rows(loaded: Any) -> Any:
+        fake_mode = detect_fake_mode([node.meta.get("val") for node in loaded.graph.nodes])
+        (symbol,) = (
+            loaded.graph_module.graph.find_nodes(op="placeholder")[0].meta["val"].shape[0].node.expr.free_symbols
+        )
+        return internals.example_sizes(fake_mode.shape_env).get(symbol)
+
+    assert example_rows(internals.load_program(tmp_path / "program.pt2")) == 3
