@@ -231,6 +231,11 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("Inductor's config", CODEGEN, _config_keys),
     Requirement("Inductor's cache_dir", CODEGEN, _attribute(f"{_INDUCTOR}.runtime.cache_dir_utils", "cache_dir", ())),
     Requirement(
+        "Inductor's pick_vec_isa choosing among valid_vec_isa_list()",
+        CODEGEN,
+        _source_holds(f"{_INDUCTOR}.cpu_vec_isa", "pick_vec_isa", "valid_vec_isa_list()", "return invalid_vec_isa"),
+    ),
+    Requirement(
         "Inductor's ConstantFolder.run_node",
         CODEGEN,
         _attribute(f"{_INDUCTOR}.constant_folding", "ConstantFolder.run_node", ("self", "node"), exact=True),
