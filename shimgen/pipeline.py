@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,7 +54,7 @@ from shimgen.results import (
     unit_name,
 )
 from shimgen.spec import ProjectSpec, Target, load_spec
-from shimgen.toolchain import Toolchain, prebuilt, probe
+from shimgen.toolchain import Toolchain, prebuilt, probe, warmup
 from shimgen.toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
 from shimgen.trace import custom_ops, entry, variants
 from shimgen.trace import export as trace
@@ -245,9 +245,14 @@ def build(
             spec = dataclasses.replace(spec, target=[picked.target])
             layout = dataclasses.replace(layout, root=layout.root / picked.identifier)
         # One build of a project per output directory at a time; the per-user caches have locks of their own.
-        with exclusive(layout.lock_file, lambda msg: report("lock", msg)), _process_kept():
+        with exclusive(layout.lock_file, lambda msg: report("lock", msg)), _process_kept(), ExitStack() as stack:
             url = shared_cache.configured(cache_url)
             shared = SharedCache(shared_cache.backend(url)) if url else None
+            tc = toolchain.detect()
+            # Custom ops need the compiler at once; a shared cache may answer the build without one.
+            warm = None if spec.custom_op or shared else warmup.start(tc, [t.device for t in spec.target])
+            if warm is not None:
+                stack.callback(warm.stop)
             if shared:
                 remote = shared_cache.ccache_remote(shared.backend)
                 # ccache 4.8 renamed its secondary storage to remote storage; either reads its own name.
@@ -262,6 +267,8 @@ def build(
                 Tuning(locked=lockfile.read(layout.lock_path), retune=retune, all_units=all_units),
                 shared,
                 verify,
+                tc,
+                warm,
             )
     except SpecError as exc:
         exc.file = exc.file or str(spec_path)
@@ -307,15 +314,20 @@ class LazyTools:
     """The proved toolchain, probed when a stage first needs to compile: a build that the shared cache answers
     whole, on a machine with an empty per-user cache, never proves a compiler."""
 
-    def __init__(self, spec: ProjectSpec, use_cache: bool, timeline: Timeline) -> None:
-        self._spec, self._use_cache, self._timeline = spec, use_cache, timeline
+    def __init__(self, spec: ProjectSpec, use_cache: bool, timeline: Timeline, warm: warmup.Warmup | None) -> None:
+        self._spec, self._use_cache, self._timeline, self._warm = spec, use_cache, timeline, warm
         self._tools: Tools | None = None
 
     def __call__(self) -> Tools:
         if self._tools is None:
             with self._timeline.stage("toolchain"):
-                self._tools = _tools(self._spec, self._use_cache, self._timeline.report)
+                self._tools = _tools(self._spec, self._use_cache, self._timeline.report, self.waiting("toolchain"))
         return self._tools
+
+    def waiting(self, stage: str) -> Callable[[str], None]:
+        """What a stage reports while it waits for a per-user lock: who holds it, unless it is this build's warm-up."""
+        report = functools.partial(self._timeline.report, stage)
+        return report if self._warm is None else self._warm.quiet(report)
 
     @property
     def probed(self) -> Tools | None:
@@ -347,10 +359,11 @@ def _build(
     tuning: Tuning,
     shared: SharedCache | None,
     verify: bool,
+    tc: Toolchain,
+    warm: warmup.Warmup | None,
 ) -> BuildOutput:
     timeline = Timeline(report)
-    tools = LazyTools(spec, use_cache, timeline)
-    tc = toolchain.detect()
+    tools = LazyTools(spec, use_cache, timeline, warm)
     ops = None
     if spec.custom_op:
         built = tools()
@@ -519,8 +532,8 @@ def _torch_cuda(spec: ProjectSpec) -> str | None:
     return torch_cuda_version() if any(devices.device(t.device).gpu for t in spec.target) else None
 
 
-def _tools(spec: ProjectSpec, use_cache: bool, report: Progress) -> Tools:
-    tc, verdicts = probe.select(lambda msg: report("toolchain", msg))
+def _tools(spec: ProjectSpec, use_cache: bool, report: Progress, waiting: Callable[[str], None]) -> Tools:
+    tc, verdicts = probe.select(waiting)
     for failed in verdicts[:-1]:
         report(
             "toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}"
@@ -714,7 +727,7 @@ def _compiled(
                     t,
                     [u for u in units if u.target is t],
                     spec.flags,
-                    lambda msg: timeline.report("prebuilt", msg),
+                    job.tools.waiting("prebuilt"),
                 )
                 for t in spec.target
             }

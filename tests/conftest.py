@@ -30,14 +30,13 @@ _import_torchvision_anywhere()
 
 # scripts/test.sh runs the suite on two workers with --dist loadgroup: each group of tests runs on one worker, with its
 # module's fixtures, and the groups start slowest first, so that no long group is left to start last. A test file is
-# a group unless its tests are marked with groups of their own (the zoo's checks, the crashing compiler's probe).
+# a group unless its tests are marked with groups of their own (the zoo's checks).
 SLOWEST_FIRST = (
     "zoo-hf",
     "zoo-vision",
     "test_concurrency.py",
     "test_build.py",
     "test_reproducible.py",
-    "probe-crash",
     "test_escaping.py",
     "test_custom_ops.py",
     "zoo-aoti",

@@ -150,16 +150,10 @@ def run_python(
     environment = {**os.environ, **(env or {})}
     spare, _spare = _spare, None
     if spare is None or any(name.partition(".")[0] in spare.modules for name in fresh):
-        module, _, name = function.partition(":")
-        root = str(Path(__file__).parents[2])  # this shimgen, on sys.path only while its module is imported
-        script = (
-            f"import sys; sys.path.insert(0, {root!r}); import {module} as m; sys.path.remove({root!r}); "
-            f"sys.exit(m.{name}(sys.argv[1:]))"
-        )
         if spare is not None:
             os.close(spare.request)
             os.waitpid(spare.pid, 0)
-        return run([sys.executable, "-c", script, *argv], env=environment)
+        return run(_python_command(function, argv), env=environment)
     with tempfile.NamedTemporaryFile(prefix="shimgen-spare-", suffix=".log") as output:
         request = {
             "function": function,
@@ -181,3 +175,31 @@ def run_python(
             Path(output.name).read_text(errors="replace"),
             None,
         )
+
+
+def start_python(function: str, argv: Sequence[str], niceness: int) -> subprocess.Popen[bytes]:
+    """`module:function`(argv) started in a new interpreter of this Python at lower priority, in a process group of its
+    own (os.killpg stops it and what it runs), its output discarded: work a caller may take over or do again. It stays
+    in this session: Linux's autogroup scheduling shares the CPU equally between sessions, whatever their niceness."""
+    return subprocess.Popen(
+        _python_command(function, argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: _lower(niceness),  # noqa: PLW1509  (system calls between fork and exec, no lock taken)
+    )
+
+
+def _lower(niceness: int) -> None:
+    os.setpgid(0, 0)  # Popen's process_group, which Python 3.10 lacks
+    os.nice(niceness)
+
+
+def _python_command(function: str, argv: Sequence[str]) -> list[str]:
+    module, _, name = function.partition(":")
+    root = str(Path(__file__).parents[2])  # this shimgen, on sys.path only while its module is imported
+    script = (
+        f"import sys; sys.path.insert(0, {root!r}); import {module} as m; sys.path.remove({root!r}); "
+        f"sys.exit(m.{name}(sys.argv[1:]))"
+    )
+    return [sys.executable, "-c", script, *argv]

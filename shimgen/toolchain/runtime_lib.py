@@ -31,10 +31,15 @@ def key(tc: Toolchain, device: str) -> str:
     return stage_key(tc.key, device, shimgen_fingerprint())[:16]
 
 
+def location(tc: Toolchain, device: str) -> Path:
+    """Where the runtime library for `device` is built in the per-user cache."""
+    return cache_dir().parent / "runtime" / key(tc, device)
+
+
 def ensure(tc: Toolchain, device: str, waiting: Callable[[str], None] | None = None) -> RuntimeLibrary:
     """The runtime library for `device`, built where the per-user cache lacks it."""
     lib_key = key(tc, device)
-    root = cache_dir().parent / "runtime" / lib_key
+    root = location(tc, device)
     with exclusive(root.with_name(f"{lib_key}.lock"), waiting):
         if not (root / "done").is_file():
             shutil.rmtree(root, ignore_errors=True)  # what an interrupted build left

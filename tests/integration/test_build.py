@@ -22,7 +22,16 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import build_json, cache_sharing_the_toolchain, edited, import_package, shimgen, spec_of_its_own
+from conftest import (
+    FAST_FLAGS,
+    build_json,
+    cache_sharing_the_toolchain,
+    edited,
+    import_package,
+    shimgen,
+    spec_of_its_own,
+    with_flags,
+)
 
 from shimgen import toolchain
 from shimgen.build import workers
@@ -392,6 +401,31 @@ def test_every_graph_error_is_reported_in_spec_order(workdir: Path, tmp_path: Pa
     assert all("the model rejected the example inputs" in line for line in lines) and "Traceback" not in result.stderr
 
 
+def test_a_first_build_that_fails_leaves_no_warm_up_running(workdir: Path, tmp_path: Path) -> None:
+    """On an empty per-user cache a build proves the compiler and builds the runtime library in a process of its own
+    while it traces; a build that fails in its trace stops that process, and what it runs, before it exits."""
+    cache = tmp_path / "cache" / "toolchain"
+    spec = workdir / "projects" / "broken_first.toml"
+    spec.write_text(
+        '[project]\nname = "broken_first"\n\n[[graph]]\nname = "forward"\nentry = "models.mlp:mlp"\n'
+        'kwargs = { width = 32, depth = 2 }\ninputs = [{ name = "x", shape = [2, 31] }]\n'
+    )
+    result = shimgen("build", spec, "--out", tmp_path / "out", env={"SHIMGEN_CACHE_DIR": str(cache)})
+    assert result.returncode == 2 and "the model rejected the example inputs" in result.stderr, result.stderr
+    assert list(cache.glob("*.lock")), "no warm-up took the toolchain probe's lock"
+    marker = f"SHIMGEN_CACHE_DIR={cache}".encode()
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:  # not a process, gone meanwhile, or another user's
+            continue
+        if marker in environ and b"shimgen.commands.server" not in command:  # the build server stays, idle
+            left.append(command.decode(errors="replace"))
+    assert not left, left
+
+
 def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
     spec = workdir / "projects" / "mlp_portable.toml"
     spec.write_text(
@@ -416,7 +450,6 @@ def test_portable_isa_builds_without_native_flags(workdir: Path) -> None:
         torch.testing.assert_close(package.forward(x), model(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xdist_group("probe-crash")  # a toolchain of its own to prove and prebuild: a group of its own
 def test_probe_rejects_a_compiler_whose_extensions_crash(
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -444,9 +477,13 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(
     assert f"FAIL {crashing}" in doctor.stdout and "crash when loaded (signal 11)" in doctor.stdout
     assert f"selected:       {crashing}" not in doctor.stdout and "selected:       none" not in doctor.stdout
 
-    # CXX names the broken compiler: tried first, then another that works, with a warning.
-    spec = spec_of_its_own(workdir, tmp_path / "spec" / "mlp.toml", (workdir / "projects" / "mlp.toml").read_text())
-    build = shimgen("build", spec, "--out", tmp_path, "--json", env={**env, "CXX": str(crashing)})
+    # CXX names the broken compiler: tried first, then another that works (the session's, on the usual PATH: its
+    # headers and runtime library are built already), with a warning.
+    text = with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS)
+    spec = spec_of_its_own(workdir, tmp_path / "spec" / "mlp.toml", text)
+    build = shimgen(
+        "build", spec, "--out", tmp_path, "--json", env={**env, "PATH": os.environ["PATH"], "CXX": str(crashing)}
+    )
     assert build.returncode == 0, build.stderr
     assert f"warning: {crashing}" in build.stderr and "crash when loaded (signal 11)" in build.stderr
 

@@ -1,14 +1,19 @@
-"""The spare interpreter (shimgen/build/process.py): a child forked early that runs one Python call later, as a new
-interpreter would, where one has not imported what must be imported anew."""
+"""shimgen/build/process.py's Python children: the spare interpreter (a child forked early that runs one Python call
+later, as a new interpreter would, where one has not imported what must be imported anew), worker processes and
+background work."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import REPO
+
+from shimgen.build import process
 
 HELPER = """
 import os, signal, sys
@@ -105,3 +110,22 @@ def test_workers_are_not_forked_from_a_process_with_threads(tmp_path: Path) -> N
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["[4194304.0,", "8388608.0]"]
+
+
+def test_background_work_runs_below_the_build_in_its_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build's warm-up (start_python): lower priority, and in the build's session, where Linux's autogroup scheduler
+    weighs niceness (sessions share the CPU equally, whatever their niceness); a process group of its own, which the
+    build stops as a whole."""
+    (tmp_path / "where.py").write_text(
+        "import json, os, sys\n"
+        "def main(argv):\n"
+        "    json.dump([os.getpgid(0), os.getsid(0), os.nice(0)], open(argv[0], 'w'))\n"
+        "    return 0\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    started = process.start_python("where:main", [str(tmp_path / "where.json")], 7)
+    assert started.wait(timeout=60) == 0
+    group, session, niceness = json.loads((tmp_path / "where.json").read_text())
+    assert group == started.pid and group != os.getpgid(0)
+    assert session == os.getsid(0)
+    assert niceness == min(os.nice(0) + 7, 19)
