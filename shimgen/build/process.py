@@ -79,6 +79,38 @@ def run(
     return Completed(tuple(command), returncode, output, log)
 
 
+class Started:
+    """A program started by `start`, its output captured; `finish` hands it its input and waits for it."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str] | None) -> None:
+        self.command = tuple(command)
+        try:
+            self._proc: subprocess.Popen[str] | None = subprocess.Popen(
+                list(command),
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            )
+            self._error = ""
+        except OSError as exc:
+            self._proc, self._error = None, f"{command[0]}: {exc.strerror or exc}\n"
+
+    def finish(self, stdin: str) -> Completed:
+        """The program's end once it has read `stdin`; one that could not be started reads as exit status 127."""
+        if self._proc is None:
+            return Completed(self.command, 127, self._error, None)
+        output, _ = self._proc.communicate(stdin)  # a program that ended without reading it is no error here
+        return Completed(self.command, self._proc.returncode, output, None)
+
+
+def start(command: Sequence[str], *, env: Mapping[str, str] | None = None) -> Started:
+    """`command` started now, to run beside the caller's work until `Started.finish`."""
+    return Started(command, env)
+
+
 @dataclass(frozen=True)
 class _Spare:
     pid: int

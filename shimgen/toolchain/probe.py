@@ -14,7 +14,7 @@ from pathlib import Path
 
 from shimgen import toolchain
 from shimgen.build.meson import BuildFailure, build
-from shimgen.build.process import run
+from shimgen.build.process import start
 from shimgen.errors import UserError
 from shimgen.files import exclusive, shimgen_fingerprint, stage_key, write_if_changed
 from shimgen.project import render
@@ -73,16 +73,22 @@ def probe_key(tc: Toolchain) -> str:
 
 def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdict, bool]:
     """The verdict, and whether it lasts (the same toolchain would get it again)."""
+    # The interpreter that loads the probe imports torch while the probe compiles.
+    loader = start([tc.python, str(source / "check_probe.py"), str(build_dir)], env=tc.env())
     try:
         build(source, build_dir, tc, "the toolchain probe")
     except BuildFailure as failure:
+        loader.finish("")
         lasting = (
             not failure.completed.interrupted and "already using this build directory" not in failure.completed.output
         )
         return Verdict(
             cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"{failure.step} failed: {_one_line(failure.detail)}"
         ), lasting
-    loaded = run([tc.python, str(source / "check_probe.py"), str(build_dir)], env=tc.env())
+    except BaseException:
+        loader.finish("")
+        raise
+    loaded = loader.finish("load\n")
     if loaded.ok:
         return Verdict(
             cxx=tc.cxx,
