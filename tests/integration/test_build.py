@@ -332,26 +332,29 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
         assert result.returncode == 2 and "the model rejected the example inputs" in result.stderr
         spec.write_text(original)
 
-        # One compiler for the two failures below (one toolchain to prove and prebuild): on the binding it fails, or
-        # renames the module's init function, as the file `mode` says.
-        fake, mode = tmp_path / "c++", tmp_path / "mode"
+        # The failures below come from a compiler cache on PATH, which shimgen puts in front of the proved compiler
+        # (the session's, whose headers are built): on the binding it fails, or renames the module's init function,
+        # as the file `mode` says.
+        (tmp_path / "bin").mkdir()
+        fake, mode = tmp_path / "bin" / "sccache", tmp_path / "mode"  # found before any ccache
         fake.write_text(
-            f'#!/bin/sh\ncase "$*" in *binding.cpp*) case "$(cat {mode})" in\n'
+            f'#!/bin/sh\ncxx="$1"; shift\ncase "$*" in *binding.cpp*) case "$(cat {mode})" in\n'
             '  fail) echo "binding.cpp:1:1: error: injected failure" >&2; exit 1;;\n'
-            '  rename) exec g++ -DPyInit__forward_cpu=PyInit_elsewhere "$@";;\nesac;; esac\nexec g++ "$@"\n'
+            '  rename) exec "$cxx" -DPyInit__forward_cpu=PyInit_elsewhere "$@";;\nesac;; esac\nexec "$cxx" "$@"\n'
         )
         fake.chmod(0o755)
+        failing = {"PATH": f"{fake.parent}{os.pathsep}{os.environ['PATH']}"}
 
         # A compiler that fails on the binding: the message names the unit and its first error.
         mode.write_text("fail")
-        result = shimgen("build", spec, "--out", workdir, env={"CXX": str(fake)})
+        result = shimgen("build", spec, "--out", workdir, env=failing)
         assert result.returncode == 1, result.stderr
         assert "compile failed in" in result.stderr and "src/forward_cpu/binding.cpp" in result.stderr
         assert "error: injected failure" in result.stderr and "Traceback" not in result.stderr
 
         # A binding that compiles and links but does not import: the package stage refuses it.
         mode.write_text("rename")
-        result = shimgen("build", spec, "--out", workdir, env={"CXX": str(fake)})
+        result = shimgen("build", spec, "--out", workdir, env=failing)
         assert result.returncode == 1, result.stderr
         assert "the built package 'mlp' does not import; the previous package is left in place" in result.stderr
         assert "does not define module export function" in result.stderr and "Traceback" not in result.stderr
