@@ -404,17 +404,22 @@ def test_every_graph_error_is_reported_in_spec_order(workdir: Path, tmp_path: Pa
     assert all("the model rejected the example inputs" in line for line in lines) and "Traceback" not in result.stderr
 
 
-def test_a_first_build_that_fails_leaves_no_warm_up_running(workdir: Path, tmp_path: Path) -> None:
+def test_a_first_build_that_fails_leaves_no_warm_up_running(tmp_path: Path) -> None:
     """On an empty per-user cache a build proves the compiler and builds the runtime library in a process of its own
     while it traces; a build that fails in its trace stops that process, and what it runs, before it exits."""
     cache = tmp_path / "cache" / "toolchain"
-    spec = workdir / "projects" / "broken_first.toml"
+    (tmp_path / "slow_broken.py").write_text(
+        "import time\n\ndef model():\n"
+        "    time.sleep(5)  # meanwhile the warm-up proves the compiler\n"
+        "    raise RuntimeError('this model cannot be built')\n"
+    )
+    spec = tmp_path / "slow_broken.toml"
     spec.write_text(
-        '[project]\nname = "broken_first"\n\n[[graph]]\nname = "forward"\nentry = "models.mlp:mlp"\n'
-        'kwargs = { width = 32, depth = 2 }\ninputs = [{ name = "x", shape = [2, 31] }]\n'
+        '[project]\nname = "slow_broken"\n\n[[graph]]\nname = "forward"\nentry = "slow_broken:model"\n'
+        'inputs = [{ name = "x", shape = [2, 4] }]\n'
     )
     result = shimgen("build", spec, "--out", tmp_path / "out", env={"SHIMGEN_CACHE_DIR": str(cache)})
-    assert result.returncode == 2 and "the model rejected the example inputs" in result.stderr, result.stderr
+    assert result.returncode == 2 and "this model cannot be built" in result.stderr, result.stderr
     assert list(cache.glob("*.lock")), "no warm-up took the toolchain probe's lock"
     marker = f"SHIMGEN_CACHE_DIR={cache}".encode()
     left = []
