@@ -297,6 +297,12 @@ def _run_child(request: dict[str, object], fds: list[int]) -> int:
         from shimgen.commands.cli import main
 
         code = main(argv)
+    except SystemExit as exc:  # argparse's usage errors and --help: the status a process would exit with
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            print(exc.code, file=sys.stderr)
+            code = 1
     except BaseException:  # noqa: BLE001  (reported as main reports a bug; the server stays up)
         import traceback
 

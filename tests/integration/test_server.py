@@ -82,6 +82,8 @@ def test_builds_run_in_the_server_and_see_edits(project: tuple[Path, dict[str, s
         spec.write_text(with_flags(spec.read_text(), no_such_flag="1"))
         code, _, err = served_build(spec, tmp_path / "out", env)
         assert code == 2 and "no_such_flag" in err and "Traceback" not in err
+        code, _, err = served_build(spec, tmp_path / "out", env, "--no-such-option")
+        assert code == 2 and "unrecognized arguments: --no-such-option" in err and "Traceback" not in err, err
     finally:
         stop(first)
 
