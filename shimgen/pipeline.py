@@ -631,7 +631,7 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
     to_generate: list[tuple[str, workers.CodegenTask]] = []
     for name, i, _, target, _ in works:
         section = lockfile.section(name, job.tc.torch_version)
-        locked = {} if job.tuning.retune else job.tuning.locked.timings.get(section, {})
+        locked = [] if job.tuning.retune else job.tuning.locked.timings(section)
         why = scalar.get(name) or ("" if job.tuning.retune else job.tuning.locked.scalar_kernels.get(section, ""))
         key = codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version, vectorize=not why)
         generated = _known_codegen(job, name, traced[name], key) or _refitted_codegen(
@@ -670,7 +670,10 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
         job.timeline.record("codegen", name, start, end)
         task = next(task for unit, task in to_generate if unit == name)
         # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
-        timings, torch_version, vectorize = generated.autotune_timings, job.tc.torch_version, not task.scalar_kernels
+        torch_version, vectorize = job.tc.torch_version, not task.scalar_kernels
+        sets = job.tuning.locked.units.get(lockfile.section(name, torch_version), ())
+        used = lockfile.Measured(generated.autotune_timings)
+        timings = [measured.timings for measured in lockfile.merged(sets, used)]
         generated = dataclasses.replace(
             generated,
             key=codegen.codegen_key(task.traced, task.target, spec.flags, timings, torch_version, vectorize=vectorize),
@@ -1005,14 +1008,17 @@ def _wheel_from(shared: SharedCache, job: Job, key: str, units: list[Unit]) -> P
 def _update_lockfile(job: Job, units: list[Unit]) -> None:
     torch = job.tc.torch_version
     written = {
-        lockfile.section(name, torch): (code.autotune_timings, code.kernel_choices, code.scalar_kernels)
+        lockfile.section(name, torch): (
+            lockfile.Measured(code.autotune_timings, to_json(code.kernel_choices)),
+            code.scalar_kernels,
+        )
         for u in units
         for name, code in u.generated
     }
     keep = {
         lockfile.section(unit, version)
         for unit in job.tuning.all_units
-        for version in {torch, *(s.rpartition(" torch")[2] for s in job.tuning.locked.timings)}
+        for version in {torch, *(s.rpartition(" torch")[2] for s in job.tuning.locked.units)}
     }
     if lockfile.update(job.layout.lock_path, written, keep - set(written)):
         job.timeline.report("lockfile", f"wrote the kernel choices measured to {job.layout.lock_path}")

@@ -48,7 +48,7 @@ class CodegenTask:
     cxx: str
     out_dir: Path
     key: str
-    locked: Timings
+    locked: list[Timings]  # the lockfile's sets for the unit
     retune: bool
     where: str
     scalar_kernels: str = ""  # why the CPU kernels are generated without vectorization

@@ -33,7 +33,7 @@ class _Build:
     layout: Layout
     state: State
     packaged: PackageResult | None
-    locked: dict[str, Any]  # the lockfile's sections
+    locked: lockfile.Locked
     torch: str | None
     steps: list[dict[str, Any]]  # translation units, each with its unit (or None)
 
@@ -55,7 +55,7 @@ def collect(spec_path: Path, out: Path, only: str | None) -> dict[str, Any]:
         layout,
         state,
         packaged,
-        _lockfile_units(layout.lock_path),
+        lockfile.read(layout.lock_path),
         _torch_version(),
         _translation_units(layout),
     )
@@ -115,7 +115,7 @@ def _unit(build: _Build, graph: Graph, target: Target) -> dict[str, Any]:
         "generated": code is not None,
         "kernels": generated.kernels(code) if code else [],
         "lock_section": section,
-        "kernel_choices": build.locked.get(section, {}).get("choices", []) if section else [],
+        "kernel_choices": _choices(build.locked.units.get(section, ()) if section else (), code),
         "translation_units": [_without_unit(s) for s in build.steps if s["unit"] == unit],
         "sizes": {
             "extension": _sized(_extension(unit, build)),
@@ -126,10 +126,10 @@ def _unit(build: _Build, graph: Graph, target: Target) -> dict[str, Any]:
     }
 
 
-def _lockfile_units(path: Path) -> dict[str, Any]:
-    """The lockfile's sections; {} without one."""
-    lockfile.read(path)  # refuses a file this version does not read, as a build would
-    return json.loads(path.read_text())["units"] if path.is_file() else {}
+def _choices(sets: tuple[lockfile.Measured, ...], code: CodegenResult | None) -> list[Any]:
+    """The choices of the lockfile's set that holds every timing this build used; else of its first set."""
+    used = lockfile.used_by(sets, code.autotune_timings) if code else None
+    return (used or (sets[0] if sets else lockfile.Measured({}))).choices
 
 
 def _translation_units(layout: Layout) -> list[dict[str, Any]]:

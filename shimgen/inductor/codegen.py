@@ -152,7 +152,7 @@ def codegen_key(
     traced: TraceResult,
     target: Target,
     flags: Flags,
-    locked: Timings,
+    locked: list[Timings],
     torch_version: str,
     values: bool | None = None,
     vectorize: bool = True,
@@ -200,7 +200,7 @@ def generate(
     out_dir: Path,
     key: str,
     ops: CustomOps | None,
-    locked: Timings,
+    locked: list[Timings],
     retune: bool = False,
     scalar_kernels: str = "",
 ) -> CodegenResult:

@@ -68,10 +68,11 @@ class Recording:
 
 
 @contextmanager
-def recorded(device: str, locked: Timings, retune: bool, every_gemm: bool = False) -> Iterator[Recording]:
+def recorded(device: str, locked: list[Timings], retune: bool, every_gemm: bool = False) -> Iterator[Recording]:
     """Inductor's configuration for the duration: every kernel selection recorded; a selection whose candidates
-    all have timings in `locked` takes them from there instead of measuring (none does with `retune`). GEMMs where
-    `offers_template` says no get the library kernel untimed, unless `every_gemm` (max_autotune, TMA)."""
+    all have timings in one of the `locked` sets takes them from the first such set instead of measuring (none does
+    with `retune`). GEMMs where `offers_template` says no get the library kernel untimed, unless `every_gemm`
+    (max_autotune, TMA)."""
     import torch
     from torch._inductor import config, select_algorithm
     from torch._inductor.codecache import CacheBase, PersistentCache
@@ -87,9 +88,10 @@ def recorded(device: str, locked: Timings, retune: bool, every_gemm: bool = Fals
         key = f"{inputs}_{hint_override}" if hint_override is not None else inputs
         benchmark = _keeping_input_layouts(benchmark, candidates)
         precision = torch.get_float32_matmul_precision()
-        replay = locked.get(op, {}).get(key, {}).get(precision, {})
         names = locked_keys(candidates)
-        if not retune and candidates and all(names[c] in replay for c in candidates):
+        sets = [] if retune or not candidates else [t.get(op, {}).get(key, {}).get(precision, {}) for t in locked]
+        replay = next((held for held in sets if all(names[c] in held for c in candidates)), None)
+        if replay is not None:
             timings = {c: replay[names[c]] for c in candidates}
         elif retune:
             timings = benchmark(candidates) if benchmark is not None else {}

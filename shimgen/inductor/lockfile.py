@@ -3,10 +3,12 @@ spec so that the next build, on any machine, replays it instead of measuring aga
 out the core count its source was made for: kernel_choice.locked_keys): the same spec, toolchain and
 torch then give the same kernels (and the same wheel). Meant to be committed; `shimgen build --retune` measures again.
 
-Per unit (graph, device, torch) it holds Inductor's own timing records (op -> input layouts -> float32 matmul
-precision -> candidate key -> ms), in the shape of Inductor's autotuning cache, and beside them the
-choices as a reader wants them (op, sizes, winner, microseconds per candidate). A unit whose vectorized C++ kernels the
-compiler refused also holds why (`scalar_kernels`): later builds generate its kernels without vectorization at once.
+Per unit (graph, device, torch) it holds one measured set per kind of machine that built it, each with Inductor's own
+timing records (op -> input layouts -> float32 matmul precision -> candidate key -> ms, the shape of Inductor's
+autotuning cache) and the choices as a reader wants them (op, sizes, winner, microseconds per candidate). Machines
+whose candidates differ (a native-ISA C++ GEMM template's source follows the vector width) each keep their own set, so
+one committed lockfile replays on all of them and none rewrites it. A unit whose vectorized C++ kernels the compiler
+refused also holds why (`scalar_kernels`): later builds generate its kernels without vectorization at once.
 """
 
 from __future__ import annotations
@@ -18,15 +20,15 @@ from typing import Any
 
 from shimgen.errors import UserError
 from shimgen.files import exclusive, write_if_changed
-from shimgen.results import KernelChoice, to_json
 
-FORMAT = 1
+FORMAT = 2  # format 1 held one measured set per unit; it is still read
 HEADER = (
-    "Kernel choices shimgen measured at build time, replayed by later builds on any machine. Commit this file; "
-    "`shimgen build --retune` measures again and rewrites it."
+    "Kernel choices shimgen measured at build time, one set per kind of machine, replayed by later builds. Commit "
+    "this file; `shimgen build --retune` measures again."
 )
 
 Timings = dict[str, Any]  # op -> inputs key -> precision -> choice hash -> milliseconds
+Record = tuple[str, str, str]  # op, inputs key, precision
 
 
 def path_for(spec_path: Path) -> Path:
@@ -38,11 +40,23 @@ def section(unit: str, torch_version: str) -> str:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What one kind of machine measured for a unit: the timing records and the choices they gave (as JSON)."""
+
+    timings: Timings
+    choices: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Locked:
     """A lockfile as read, by section."""
 
-    timings: dict[str, Timings] = field(default_factory=dict)
+    units: dict[str, tuple[Measured, ...]] = field(default_factory=dict)
     scalar_kernels: dict[str, str] = field(default_factory=dict)  # why the vectorized kernels did not compile
+
+    def timings(self, section: str) -> list[Timings]:
+        """The section's timing sets, the order replay tries them in."""
+        return [measured.timings for measured in self.units.get(section, ())]
 
 
 def read(path: Path) -> Locked:
@@ -52,10 +66,10 @@ def read(path: Path) -> Locked:
     try:
         data = json.loads(path.read_text())
         units = data["units"]
-        if data.get("format") != FORMAT or not isinstance(units, dict):
+        if data.get("format") not in (1, FORMAT) or not isinstance(units, dict):
             raise ValueError(f"format {data.get('format')!r}")
         return Locked(
-            timings={name: unit.get("timings", {}) for name, unit in units.items()},
+            units={name: _measured(unit) for name, unit in units.items()},
             scalar_kernels={
                 name: str(unit["scalar_kernels"]) for name, unit in units.items() if "scalar_kernels" in unit
             },
@@ -66,24 +80,82 @@ def read(path: Path) -> Locked:
         ) from None
 
 
-def update(path: Path, sections: dict[str, tuple[Timings, tuple[KernelChoice, ...], str]], keep: set[str]) -> bool:
-    """Write `sections` (timings, choices, why the kernels are scalar or "") into the lockfile, keeping the other
+def _measured(unit: dict[str, Any]) -> tuple[Measured, ...]:
+    sets = unit["machines"] if "machines" in unit else [unit] if unit.get("timings") else []
+    found = tuple(Measured(timings=dict(s["timings"]), choices=list(s.get("choices", []))) for s in sets)
+    for measured in found:
+        for _, record in _records(measured.timings):
+            if not all(isinstance(ms, (int, float)) for ms in record.values()):
+                raise ValueError("a timing is not a number")
+    return found
+
+
+def merged(sets: tuple[Measured, ...], used: Measured) -> tuple[Measured, ...]:
+    """A unit's sets after a build that used `used`. A build that only replayed leaves them as they were. Otherwise its
+    set replaces those that could answer every selection it made that they hold (its own kind of machine's, older),
+    and sits beside those that could not (machines whose candidates differ); in a fixed order, whichever machine
+    wrote last."""
+    if not used.timings:
+        return ()
+    if all(any(_answers(s, where, record, exactly=True) for s in sets) for where, record in _records(used.timings)):
+        return sets
+    others = [
+        s
+        for s in sets
+        if not all(_answers(s, where, record) for where, record in _records(used.timings) if _holds(s, where))
+    ]
+    return tuple(sorted([*others, used], key=_candidates))
+
+
+def used_by(sets: tuple[Measured, ...], timings: Timings) -> Measured | None:
+    """The set that holds every timing a build used (`timings`), if one does."""
+    return next((s for s in sets if all(_answers(s, w, r, exactly=True) for w, r in _records(timings))), None)
+
+
+def _records(timings: Timings) -> list[tuple[Record, dict[str, float]]]:
+    return [
+        ((op, inputs, precision), record)
+        for op, by_inputs in timings.items()
+        for inputs, by_precision in by_inputs.items()
+        for precision, record in by_precision.items()
+    ]
+
+
+def _holds(measured: Measured, where: Record) -> bool:
+    op, inputs, precision = where
+    return precision in measured.timings.get(op, {}).get(inputs, {})
+
+
+def _answers(measured: Measured, where: Record, record: dict[str, float], exactly: bool = False) -> bool:
+    """Whether `measured` has timings for all of `record`'s candidates (`exactly`: the same timings)."""
+    op, inputs, precision = where
+    held = measured.timings.get(op, {}).get(inputs, {}).get(precision, {})
+    return all(key in held and (not exactly or held[key] == ms) for key, ms in record.items())
+
+
+def _candidates(measured: Measured) -> str:
+    return json.dumps(sorted((list(where), sorted(record)) for where, record in _records(measured.timings)))
+
+
+def update(path: Path, sections: dict[str, tuple[Measured, str]], keep: set[str]) -> bool:
+    """Merge `sections` (the set a build used, why the kernels are scalar or "") into the lockfile, keeping the other
     sections named in `keep` (units of other torch versions); True when the file changed. Builds of one spec in several
     output directories at once take turns."""
     with exclusive(path.with_name(f".{path.name}.writing")):
         try:
-            units = json.loads(path.read_text())["units"] if path.is_file() else {}
-        except (ValueError, KeyError, TypeError):
-            units = {}
-        units = {name: unit for name, unit in units.items() if name in keep}
-        for name, (timings, choices, scalar) in sections.items():
-            unit: dict[str, Any] = {"choices": to_json(choices), "timings": timings} if timings else {}
+            found = read(path) if path.is_file() else Locked()
+        except UserError:
+            found = Locked()
+        written = {name: (found.units.get(name, ()), found.scalar_kernels.get(name, "")) for name in keep}
+        for name, (used, scalar) in sections.items():
+            written[name] = (merged(found.units.get(name, ()), used), scalar)
+        units: dict[str, Any] = {}
+        for name, (sets, scalar) in written.items():
+            unit: dict[str, Any] = {"machines": [{"choices": s.choices, "timings": s.timings} for s in sets]}
             if scalar:
                 unit["scalar_kernels"] = scalar
-            if unit:
+            if sets or scalar:
                 units[name] = unit
-            else:
-                units.pop(name, None)
         if not units and not path.is_file():
             return False
         text = json.dumps({"comment": HEADER, "format": FORMAT, "units": units}, indent=1, sort_keys=True) + "\n"

@@ -166,16 +166,19 @@ def test_the_lockfile_replays_kernel_choices_and_retune_measures_again(
     first_machine: tuple[Path, dict[str, Any]],
 ) -> None:
     """The first build wrote <spec>.lock; a build with the lockfile edited so that the slower candidate wins takes
-    the edited timings without measuring (the pick follows the file); --retune measures and rewrites it."""
+    the edited timings without measuring (the pick follows the file); a set of another kind of machine (other
+    candidates) beside it changes neither the pick nor the file; --retune measures and replaces this machine's set
+    only."""
     spec, first = first_machine
     out = spec.parent.parent
     lock = spec.with_name(spec.name + ".lock")
     [choice] = first["kernel_choices"]["forward_cpu"]
     data = json.loads(lock.read_text())
     [(section, unit)] = data["units"].items()
-    assert section.startswith("forward_cpu torch") and unit["choices"][0]["picked"] == choice["picked"]
+    [own] = unit["machines"]
+    assert section.startswith("forward_cpu torch") and own["choices"][0]["picked"] == choice["picked"]
     loser = next(name for name in choice["us"] if name != choice["picked"])
-    for precisions in unit["timings"][choice["op"]].values():
+    for precisions in own["timings"][choice["op"]].values():
         for timings in precisions.values():
             for candidate in timings:
                 if loser.split()[-1].rstrip("0123456789_") in candidate:
@@ -187,9 +190,24 @@ def test_the_lockfile_replays_kernel_choices_and_retune_measures_again(
     assert "codegen" in replayed["stages"]  # the lockfile changed, so the code is generated again
     again = _build(spec, out, *ONLY)
     assert "codegen:forward_cpu" in again["skipped"]  # and a build with the lockfile it wrote is up to date
+
+    other = json.loads(json.dumps(own).replace('": 1e-06', '": 5.0'))
+    for precisions in other["timings"][choice["op"]].values():
+        for by_precision in precisions.values():
+            for candidate in list(by_precision):
+                by_precision[candidate + "-another-vector-width"] = by_precision.pop(candidate)
+    data = json.loads(lock.read_text())
+    data["units"][section]["machines"].insert(0, other)
+    lock.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    with_other = lock.read_text()
+    beside = _build(spec, out, *ONLY)
+    assert beside["kernel_choices"]["forward_cpu"][0]["picked"] == loser and lock.read_text() == with_other
+
     retuned = _build(spec, out, *ONLY, "--retune")
     assert retuned["kernel_choices"]["forward_cpu"][0]["us"][loser] != 0.001
-    assert json.loads(lock.read_text())["units"][section]["choices"] == retuned["kernel_choices"]["forward_cpu"]
+    machines = json.loads(lock.read_text())["units"][section]["machines"]
+    assert len(machines) == 2 and other in machines
+    assert retuned["kernel_choices"]["forward_cpu"] in [m["choices"] for m in machines]
 
 
 def test_two_builds_in_one_process_each_use_their_own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

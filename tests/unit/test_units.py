@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import importlib
+import json
 import os
 import random
 import re
@@ -1245,15 +1246,79 @@ def test_lockfile_keeps_why_a_unit_has_scalar_kernels(tmp_path: Path) -> None:
     from shimgen.inductor import lockfile
 
     path = tmp_path / "spec.toml.lock"
-    timed = {"mm": {"inputs": {"float32": {"choice": 0.5}}}}
-    lockfile.update(
-        path, {"a torch2.13.0": ({}, (), "‘decltype’ evaluates to ‘float’"), "b torch2.13.0": (timed, (), "")}, set()
-    )
+    timed = lockfile.Measured({"mm": {"inputs": {"float32": {"choice": 0.5}}}})
+    refused = "‘decltype’ evaluates to ‘float’"
+    lockfile.update(path, {"a torch2.13.0": (lockfile.Measured({}), refused), "b torch2.13.0": (timed, "")}, set())
     read = lockfile.read(path)
-    assert read.scalar_kernels == {"a torch2.13.0": "‘decltype’ evaluates to ‘float’"}
-    assert read.timings == {"a torch2.13.0": {}, "b torch2.13.0": timed}
-    lockfile.update(path, {"a torch2.13.0": ({}, (), "")}, {"b torch2.13.0"})  # retuned: vectorized again
-    assert lockfile.read(path) == lockfile.Locked(timings={"b torch2.13.0": timed})
+    assert read.scalar_kernels == {"a torch2.13.0": refused}
+    assert read.units == {"a torch2.13.0": (), "b torch2.13.0": (timed,)}
+    lockfile.update(path, {"a torch2.13.0": (lockfile.Measured({}), "")}, {"b torch2.13.0"})  # retuned: vectorized
+    assert lockfile.read(path) == lockfile.Locked(units={"b torch2.13.0": (timed,)})
+
+
+def _gemms(**records: dict[str, float]) -> dict[str, Any]:
+    """Timing records of one op, by inputs key."""
+    return {"linear": {inputs: {"highest": record} for inputs, record in records.items()}}
+
+
+def _same_sets(found: tuple[Any, ...], expected: tuple[Any, ...]) -> bool:
+    return len(found) == len(expected) and all(s in found for s in expected)
+
+
+def test_a_lockfile_keeps_one_set_per_kind_of_machine(tmp_path: Path) -> None:
+    """A machine whose GEMM template differs (another vector width) adds its own set beside the first instead of
+    replacing it; each machine's later replay leaves the file as it was, whichever wrote last."""
+    from shimgen.inductor import lockfile
+
+    path, unit = tmp_path / "spec.toml.lock", "forward_cpu torch2.13.0"
+    avx2 = lockfile.Measured(_gemms(a={"template-avx2": 0.1, "onednn": 0.3}, b={"template-avx2": 0.2, "onednn": 0.1}))
+    avx512 = lockfile.Measured(
+        _gemms(a={"template-avx512": 0.05, "onednn": 0.2}, b={"template-avx512": 0.4, "onednn": 0.2})
+    )
+    assert lockfile.update(path, {unit: (avx2, "")}, set())
+    assert lockfile.update(path, {unit: (avx512, "")}, set())
+    both = path.read_text()
+    assert _same_sets(lockfile.read(path).units[unit], (avx2, avx512))
+    for replayed in (avx2, avx512, avx2):
+        assert not lockfile.update(path, {unit: (replayed, "")}, set())
+    assert path.read_text() == both
+    other_order = tmp_path / "other.lock"
+    lockfile.update(other_order, {unit: (avx512, "")}, set())
+    lockfile.update(other_order, {unit: (avx2, "")}, set())
+    assert other_order.read_text() == both
+
+    # The avx2 machine's spec gained a GEMM: its set is replaced by the new one, the avx512 set stays.
+    grown = lockfile.Measured(
+        {"linear": {**avx2.timings["linear"], **_gemms(c={"template-avx2": 1.0, "onednn": 2.0})["linear"]}}
+    )
+    assert lockfile.update(path, {unit: (grown, "")}, set())
+    assert _same_sets(lockfile.read(path).units[unit], (grown, avx512))
+    # --retune on the avx512 machine measures again: its new timings replace its old ones.
+    retuned = lockfile.Measured(
+        _gemms(a={"template-avx512": 0.06, "onednn": 0.2}, b={"template-avx512": 0.3, "onednn": 0.2})
+    )
+    assert lockfile.update(path, {unit: (retuned, "")}, set())
+    assert _same_sets(lockfile.read(path).units[unit], (grown, retuned))
+    assert lockfile.used_by(lockfile.read(path).units[unit], retuned.timings) == retuned
+    # A unit that times nothing any more has no sets left.
+    lockfile.update(path, {unit: (lockfile.Measured({}), "")}, set())
+    assert unit not in lockfile.read(path).units
+
+
+def test_a_format_1_lockfile_is_read_and_rewritten_as_format_2(tmp_path: Path) -> None:
+    from shimgen.inductor import lockfile
+
+    path, unit = tmp_path / "spec.toml.lock", "forward_cpu torch2.13.0"
+    old = {"choices": [{"op": "linear"}], "timings": _gemms(a={"template": 0.1, "onednn": 0.3})}
+    path.write_text(json.dumps({"format": 1, "units": {unit: old}}))
+    measured = lockfile.Measured(old["timings"], old["choices"])
+    assert lockfile.read(path).units == {unit: (measured,)}
+    assert lockfile.update(path, {}, {unit})  # another unit's build keeps this one, in the new shape
+    data = json.loads(path.read_text())
+    assert data["format"] == lockfile.FORMAT and data["units"][unit] == {"machines": [old]}
+    path.write_text(json.dumps({"format": 2, "units": {unit: {"machines": [{"timings": _gemms(a={"t": "fast"})}]}}}))
+    with pytest.raises(UserError, match="not a shimgen lockfile this version reads"):
+        lockfile.read(path)
 
 
 def test_error_message_is_the_compilers_first_error_without_its_place() -> None:
