@@ -25,7 +25,12 @@ import torch
 LOWERINGS = {
     "cudnn (AOTI default)": {},
     "cudnn, GEMMs tuned (shimgen today)": {"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN"},
-    "cudnn or Triton, fastest on the GPU": {"max_autotune_gemm": True, "max_autotune_conv_backends": "ATEN,TRITON"},
+    # Timing every Triton config against cuDNN ("ATEN,TRITON") made the build 3-6x longer (results/gpu_h100_resnet_profile.md).
+    "Triton template, Inductor's first config, untimed": {
+        "max_autotune_gemm": True,
+        "max_autotune_conv_backends": "TRITON",
+        "test_configs.max_mm_configs": 1,
+    },
 }
 
 BUILD = """
