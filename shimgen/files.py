@@ -13,6 +13,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -62,8 +63,20 @@ def replace_dir(new: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class LockHeld:
+    """A lock that another process holds, as the holder wrote it into the lock file."""
+
+    lock_file: Path
+    pid: int | None  # None: a holder that wrote nothing in time
+
+    def __str__(self) -> str:
+        holder = f"shimgen process {self.pid}" if self.pid is not None else "another process"
+        return f"waiting for {holder} (lock {self.lock_file})"
+
+
 @contextmanager
-def exclusive(lock_file: Path, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
+def exclusive(lock_file: Path, waiting: Callable[[LockHeld], None] | None = None) -> Iterator[None]:
     """Hold an exclusive lock on `lock_file` (created if needed) for the duration of the block.
 
     Another process that holds it is waited for; `waiting` is told who it is first. The OS drops
@@ -74,10 +87,10 @@ def exclusive(lock_file: Path, waiting: Callable[[str], None] | None = None) -> 
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             if waiting is not None:
-                waiting(f"waiting for {_holder(handle)} (lock {lock_file})")
+                waiting(LockHeld(lock_file, _holder(handle)))
             fcntl.flock(handle, fcntl.LOCK_EX)
         handle.truncate(0)
-        handle.write(f"shimgen process {os.getpid()}")
+        handle.write(f"{_HOLDER}{os.getpid()}")
         handle.flush()
         try:
             yield
@@ -86,12 +99,15 @@ def exclusive(lock_file: Path, waiting: Callable[[str], None] | None = None) -> 
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _holder(handle: IO[str]) -> str:
-    """Who holds a lock, as it wrote into the file; it writes just after taking the lock, so allow it a moment."""
+_HOLDER = "shimgen process "
+
+
+def _holder(handle: IO[str]) -> int | None:
+    """The pid a lock's holder wrote into its file; it writes just after taking the lock, so allow it a moment."""
     for _ in range(20):
         handle.seek(0)
-        holder = handle.read().strip()
-        if holder:
-            return holder
+        written = handle.read().strip()
+        if written.startswith(_HOLDER) and written.removeprefix(_HOLDER).isdigit():
+            return int(written.removeprefix(_HOLDER))
         time.sleep(0.05)
-    return "another process"
+    return None

@@ -32,7 +32,7 @@ from shimgen.cache.shared_cache import SharedCache
 from shimgen.cache.state import Result, State
 from shimgen.commands import matrix
 from shimgen.errors import SpecError, SpecErrors, UserError
-from shimgen.files import exclusive, file_hash, shimgen_fingerprint, stage_key
+from shimgen.files import LockHeld, exclusive, file_hash, shimgen_fingerprint, stage_key
 from shimgen.inductor import codegen, lockfile, weights
 from shimgen.package import cpp, verify
 from shimgen.package import wheel as package
@@ -245,12 +245,12 @@ def build(
             spec = dataclasses.replace(spec, target=[picked.target])
             layout = dataclasses.replace(layout, root=layout.root / picked.identifier)
         # One build of a project per output directory at a time; the per-user caches have locks of their own.
-        with exclusive(layout.lock_file, lambda msg: report("lock", msg)), _process_kept(), ExitStack() as stack:
+        with exclusive(layout.lock_file, lambda held: report("lock", str(held))), _process_kept(), ExitStack() as stack:
             url = shared_cache.configured(cache_url)
             shared = SharedCache(shared_cache.backend(url)) if url else None
             tc = toolchain.detect()
             # Custom ops need the compiler at once; a shared cache may answer the build without one.
-            warm = None if spec.custom_op or shared else warmup.start(tc, [t.device for t in spec.target])
+            warm = None if spec.custom_op or shared else warmup.start([t.device for t in spec.target])
             if warm is not None:
                 stack.callback(warm.stop)
             if shared:
@@ -324,10 +324,15 @@ class LazyTools:
                 self._tools = _tools(self._spec, self._use_cache, self._timeline.report, self.waiting("toolchain"))
         return self._tools
 
-    def waiting(self, stage: str) -> Callable[[str], None]:
+    def waiting(self, stage: str) -> Callable[[LockHeld], None]:
         """What a stage reports while it waits for a per-user lock: who holds it, unless it is this build's warm-up."""
-        report = functools.partial(self._timeline.report, stage)
-        return report if self._warm is None else self._warm.quiet(report)
+        own = self._warm.process.pid if self._warm else None
+
+        def waiting(held: LockHeld) -> None:
+            if held.pid is None or held.pid != own:
+                self._timeline.report(stage, str(held))
+
+        return waiting
 
     @property
     def probed(self) -> Tools | None:
@@ -532,7 +537,7 @@ def _torch_cuda(spec: ProjectSpec) -> str | None:
     return torch_cuda_version() if any(devices.device(t.device).gpu for t in spec.target) else None
 
 
-def _tools(spec: ProjectSpec, use_cache: bool, report: Progress, waiting: Callable[[str], None]) -> Tools:
+def _tools(spec: ProjectSpec, use_cache: bool, report: Progress, waiting: Callable[[LockHeld], None]) -> Tools:
     tc, verdicts = probe.select(waiting)
     for failed in verdicts[:-1]:
         report(

@@ -427,7 +427,7 @@ def _clean(args: argparse.Namespace) -> int:
     name = load_spec(args.spec).project.name
     layout = Layout.of(args.spec, args.out, name)
     removed = []
-    with exclusive(layout.lock_file, lambda msg: _progress("clean", msg)):
+    with exclusive(layout.lock_file, lambda held: _progress("clean", str(held))):
         if layout.root.exists():
             shutil.rmtree(layout.root)
             removed.append(str(layout.root))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from shimgen.build.meson import build
 from shimgen.errors import BuildError
-from shimgen.files import exclusive, shimgen_fingerprint
+from shimgen.files import LockHeld, exclusive, shimgen_fingerprint
 from shimgen.inductor import codegen
 from shimgen.project import render
 from shimgen.results import Prebuilt, Unit, target_compile_args
@@ -22,7 +22,7 @@ from shimgen.toolchain import Toolchain, cache_dir, runtime_lib
 
 
 def ensure(
-    tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiting: Callable[[str], None] | None = None
+    tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiting: Callable[[LockHeld], None] | None = None
 ) -> Prebuilt:
     """The prebuilt pieces for `target`, whose `units` share one runtime interface."""
     interface = codegen.shared_interface(

@@ -16,7 +16,7 @@ from shimgen import toolchain
 from shimgen.build.meson import BuildFailure, build
 from shimgen.build.process import start
 from shimgen.errors import UserError
-from shimgen.files import exclusive, shimgen_fingerprint, stage_key, write_if_changed
+from shimgen.files import LockHeld, exclusive, shimgen_fingerprint, stage_key, write_if_changed
 from shimgen.project import render
 from shimgen.toolchain import Toolchain
 
@@ -31,7 +31,7 @@ class Verdict:
     reason: str = ""
 
 
-def select(waiting: Callable[[str], None] | None = None) -> tuple[Toolchain, list[Verdict]]:
+def select(waiting: Callable[[LockHeld], None] | None = None) -> tuple[Toolchain, list[Verdict]]:
     """The first candidate compiler whose probe builds and loads; UserError naming each failure if none."""
     verdicts = []
     for cxx in toolchain.candidate_compilers():
@@ -48,7 +48,21 @@ def select(waiting: Callable[[str], None] | None = None) -> tuple[Toolchain, lis
     )
 
 
-def prove(tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[str], None] | None = None) -> Verdict:
+def selected_before() -> Toolchain | None:
+    """What `select` returns, known from cached verdicts alone; None where it would have to prove a compiler."""
+    for cxx in toolchain.candidate_compilers():
+        tc = toolchain.detect(cxx)
+        stamp = toolchain.cache_dir() / probe_key(tc) / "verdict.json"
+        if not stamp.is_file():
+            return None
+        if Verdict(**json.loads(stamp.read_text())).ok:
+            return tc
+    return None
+
+
+def prove(
+    tc: Toolchain, cache: Path, refresh: bool = False, waiting: Callable[[LockHeld], None] | None = None
+) -> Verdict:
     """Build and load the probe extension once per toolchain key. A verdict is cached only when
     it would come out the same again: never from a probe that was killed or raced another."""
     key = probe_key(tc)

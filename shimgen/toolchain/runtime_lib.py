@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shimgen.build.meson import build
-from shimgen.files import exclusive, shimgen_fingerprint, stage_key
+from shimgen.files import LockHeld, exclusive, shimgen_fingerprint, stage_key
 from shimgen.project import render
 from shimgen.toolchain import Toolchain, cache_dir
 
@@ -36,7 +36,7 @@ def location(tc: Toolchain, device: str) -> Path:
     return cache_dir().parent / "runtime" / key(tc, device)
 
 
-def ensure(tc: Toolchain, device: str, waiting: Callable[[str], None] | None = None) -> RuntimeLibrary:
+def ensure(tc: Toolchain, device: str, waiting: Callable[[LockHeld], None] | None = None) -> RuntimeLibrary:
     """The runtime library for `device`, built where the per-user cache lacks it."""
     lib_key = key(tc, device)
     root = location(tc, device)

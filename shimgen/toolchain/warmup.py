@@ -10,11 +10,11 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shimgen.build.process import start_python
-from shimgen.toolchain import Toolchain, cache_dir, probe, runtime_lib
+from shimgen.toolchain import probe, runtime_lib
 
 NICENESS = 10  # the trace and codegen it runs beside come first
 
@@ -22,11 +22,6 @@ NICENESS = 10  # the trace and codegen it runs beside come first
 @dataclass(frozen=True)
 class Warmup:
     process: subprocess.Popen[bytes]
-
-    def quiet(self, report: Callable[[str], None]) -> Callable[[str], None]:
-        """`report` for lock waits, silent about waits for this warm-up (the build's own work, not another build)."""
-        own = f"shimgen process {self.process.pid} "
-        return lambda message: None if own in message else report(message)
 
     def stop(self) -> None:
         """End the warm-up and what it runs (Meson, ninja, compilers) where it is still running. A probe killed this
@@ -39,16 +34,16 @@ class Warmup:
         self.process.wait()
 
 
-def needed(tc: Toolchain, devices: Sequence[str]) -> bool:
-    """Whether the per-user cache lacks the proved toolchain `tc` or the runtime library of one of `devices`."""
-    if not (cache_dir() / probe.probe_key(tc) / "verdict.json").is_file():
-        return True
-    return any(not (runtime_lib.location(tc, device) / "done").is_file() for device in devices)
+def needed(devices: Sequence[str]) -> bool:
+    """Whether the per-user cache lacks the verdicts that pick a compiler, or that compiler's runtime library for one
+    of `devices`."""
+    tc = probe.selected_before()
+    return tc is None or any(not (runtime_lib.location(tc, device) / "done").is_file() for device in devices)
 
 
-def start(tc: Toolchain, devices: Sequence[str]) -> Warmup | None:
-    """The warm-up for `devices`, started where `tc` (found, not yet proved) or their runtime libraries are missing."""
-    if not needed(tc, devices):
+def start(devices: Sequence[str]) -> Warmup | None:
+    """The warm-up for `devices`, started where the compiler is not proved yet or their runtime libraries are missing."""
+    if not needed(devices):
         return None
     return Warmup(start_python("shimgen.toolchain.warmup:main", [json.dumps(sorted(set(devices)))], NICENESS))
 

@@ -1321,6 +1321,62 @@ def test_a_format_1_lockfile_is_read_and_rewritten_as_format_2(tmp_path: Path) -
         lockfile.read(path)
 
 
+def test_a_lock_wait_names_the_holders_pid(tmp_path: Path) -> None:
+    """`exclusive` tells who holds the lock: the warm-up's own waits are told apart by that pid (LazyTools.waiting)."""
+    from shimgen.files import LockHeld, exclusive
+
+    lock, ready = tmp_path / "x.lock", tmp_path / "ready"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time, pathlib; from shimgen.files import exclusive\n"
+            "with exclusive(pathlib.Path(sys.argv[1])):\n"
+            "    pathlib.Path(sys.argv[2]).touch(); time.sleep(1)",
+            str(lock),
+            str(ready),
+        ]
+    )
+    while not ready.exists():
+        time.sleep(0.02)
+    waits: list[LockHeld] = []
+    with exclusive(lock, waits.append):
+        pass
+    holder.wait()
+    assert waits == [LockHeld(lock, holder.pid)]
+    assert str(waits[0]) == f"waiting for shimgen process {holder.pid} (lock {lock})"
+
+
+def test_the_warm_up_follows_the_probes_choice_of_compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the first candidate compiler is known to fail (its verdict cached), the warm-up is needed only while the
+    compiler the probe picks instead lacks its verdict or runtime library."""
+    from shimgen import toolchain
+    from shimgen.toolchain import probe, runtime_lib, warmup
+
+    broken = tmp_path / "broken-c++"
+    broken.write_text(f'#!/bin/sh\nexec {shutil.which("c++")} "$@"\n')
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(tmp_path / "cache"))
+    first, second = (toolchain.detect(cxx) for cxx in toolchain.candidate_compilers()[:2])
+    assert first.cxx == str(broken)
+
+    def verdict(tc: toolchain.Toolchain, ok: bool) -> None:
+        stamp = toolchain.cache_dir() / probe.probe_key(tc) / "verdict.json"
+        stamp.parent.mkdir(parents=True)
+        stamp.write_text(json.dumps({"cxx": tc.cxx, "identity": tc.cxx_identity, "ok": ok}))
+
+    assert warmup.needed(["cpu"])
+    verdict(first, False)
+    assert probe.selected_before() is None and warmup.needed(["cpu"])
+    verdict(second, True)
+    assert probe.selected_before() == second and warmup.needed(["cpu"])
+    done = runtime_lib.location(second, "cpu") / "done"
+    done.parent.mkdir(parents=True)
+    done.touch()
+    assert not warmup.needed(["cpu"])
+
+
 def test_error_message_is_the_compilers_first_error_without_its_place() -> None:
     from shimgen.build.meson import error_message
 
