@@ -52,63 +52,62 @@ def run(
     on_line: Callable[[str], None] | None = None,
 ) -> Completed:
     """Run `command` to completion. A program that cannot be started at all reads as exit status 127."""
-    lines: list[str] = []
-    try:
-        with subprocess.Popen(
-            list(command),
-            env=env,
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        ) as proc:
+    proc = _popen(command, env, cwd)
+    if isinstance(proc, str):
+        output, returncode = proc, 127
+    else:
+        lines: list[str] = []
+        with proc:
             assert proc.stdout is not None
             for line in proc.stdout:
                 lines.append(line)
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
             returncode = proc.wait()
-    except OSError as exc:
-        lines.append(f"{command[0]}: {exc.strerror or exc}\n")
-        returncode = 127
-    output = "".join(lines)
+        output = "".join(lines)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"$ {' '.join(command)}\n{output}")
     return Completed(tuple(command), returncode, output, log)
 
 
-class Started:
-    """A program started by `start`, its output captured; `finish` hands it its input and waits for it."""
+def _popen(
+    command: Sequence[str], env: Mapping[str, str] | None, cwd: Path | None = None, stdin: int | None = None
+) -> subprocess.Popen[str] | str:
+    """`command` started, its output and errors captured together as text; where it cannot be started, why."""
+    try:
+        return subprocess.Popen(
+            list(command),
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+    except OSError as exc:
+        return f"{command[0]}: {exc.strerror or exc}\n"
 
-    def __init__(self, command: Sequence[str], env: Mapping[str, str] | None) -> None:
-        self.command = tuple(command)
-        try:
-            self._proc: subprocess.Popen[str] | None = subprocess.Popen(
-                list(command),
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-            )
-            self._error = ""
-        except OSError as exc:
-            self._proc, self._error = None, f"{command[0]}: {exc.strerror or exc}\n"
+
+@dataclass(frozen=True)
+class Started:
+    """A program started by `start`; `finish` hands it its input and waits for it."""
+
+    command: tuple[str, ...]
+    proc: subprocess.Popen[str] | str  # a str: why it could not be started
 
     def finish(self, stdin: str) -> Completed:
         """The program's end once it has read `stdin`; one that could not be started reads as exit status 127."""
-        if self._proc is None:
-            return Completed(self.command, 127, self._error, None)
-        output, _ = self._proc.communicate(stdin)  # a program that ended without reading it is no error here
-        return Completed(self.command, self._proc.returncode, output, None)
+        if isinstance(self.proc, str):
+            return Completed(self.command, 127, self.proc, None)
+        output, _ = self.proc.communicate(stdin)  # a program that ended without reading it is no error here
+        return Completed(self.command, self.proc.returncode, output, None)
 
 
 def start(command: Sequence[str], *, env: Mapping[str, str] | None = None) -> Started:
     """`command` started now, to run beside the caller's work until `Started.finish`."""
-    return Started(command, env)
+    return Started(tuple(command), _popen(command, env, stdin=subprocess.PIPE))
 
 
 @dataclass(frozen=True)
