@@ -615,7 +615,7 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
             if found is not None:
                 traced[name] = found
                 continue
-            _require_gpu(spec, target, job)
+            _require_gpu(spec, target)
             to_trace.append(
                 (
                     name,
@@ -652,7 +652,7 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
         if generated is not None:
             code[name] = generated
             continue
-        _require_gpu(spec, target, job)
+        _require_gpu(spec, target)
         to_generate.append(
             (
                 name,
@@ -660,7 +660,7 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
                     traced=traced[name],
                     target=target,
                     flags=spec.flags,
-                    cxx=job.tools().tc.cxx,
+                    cxx=None if devices.device(target.device).gpu else job.tools().tc.cxx,
                     out_dir=layout.root / "codegen" / name,
                     key=key,
                     locked=locked,
@@ -1029,11 +1029,12 @@ def _update_lockfile(job: Job, units: list[Unit]) -> None:
         job.timeline.report("lockfile", f"wrote the kernel choices measured to {job.layout.lock_path}")
 
 
-def _require_gpu(spec: ProjectSpec, target: Target, job: Job) -> None:
-    """A cuda target's toolchain proved first (nvcc, archs, torch's CUDA: what a user fixes first), then its GPU."""
+def _require_gpu(spec: ProjectSpec, target: Target) -> None:
+    """A cuda target's toolchain checked first (nvcc, archs, torch's CUDA: what a user fixes first), then its GPU.
+    Its trace and codegen need no C++ compiler, so they do not wait for the probe."""
     if not devices.device(target.device).gpu:
         return
-    job.tools()
+    _cuda_toolchain(spec)
     if not devices.device(target.device).available():
         raise SpecError(
             "",

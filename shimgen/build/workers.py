@@ -45,7 +45,7 @@ class CodegenTask:
     traced: TraceResult
     target: Target
     flags: Flags
-    cxx: str
+    cxx: str | None  # the proved compiler, for what Inductor compiles itself (CPU targets)
     out_dir: Path
     key: str
     locked: list[Timings]  # the lockfile's sets for the unit

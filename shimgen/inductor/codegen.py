@@ -196,7 +196,7 @@ def generate(
     traced: TraceResult,
     target: Target,
     flags: Flags,
-    cxx: str,
+    cxx: str | None,
     out_dir: Path,
     key: str,
     ops: CustomOps | None,
