@@ -2,7 +2,7 @@
 does not: each function's inclusive seconds in the first minus the second (stack sampling, as profile_build.py does).
 The process has imported what a build server imports before it forks a build (`internals.import_build_modules`);
 Inductor's settings are shimgen's for the device's target with default flags (`codegen.inductor_configs`; for CUDA, no
-CPU ISA check, as `codegen._scalar_host_kernels`); each codegen gets a fresh Inductor cache, as a build's does; the
+CPU ISA check, as `codegen.scalar_host_kernels`); each codegen gets a fresh Inductor cache, as a build's does; the
 Triton cache is shared, warmed by a first child.
 
     python benchmarks/first_codegen.py [--device cpu|cuda]
@@ -38,8 +38,8 @@ def codegen(label: str, device: str) -> object:
 
     configs = shimgen_codegen.inductor_configs(Target(device=device), Flags(), probe.select()[0].cxx)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp()
-    # As shimgen's CUDA codegen: without Inductor's CPU ISA check (codegen._scalar_host_kernels).
-    host = shimgen_codegen._scalar_host_kernels() if device == "cuda" else contextlib.nullcontext()
+    # As shimgen's CUDA codegen: without Inductor's CPU ISA check (codegen.scalar_host_kernels).
+    host = shimgen_codegen.scalar_host_kernels() if device == "cuda" else contextlib.nullcontext()
     start = time.perf_counter()
     with StackSampler(threading.get_ident()) as sampler, torch.no_grad(), host:
         package = Path(tempfile.mkdtemp()) / "model.pt2"

@@ -317,12 +317,12 @@ def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> tup
 
 @contextmanager
 def _cuda_codegen(tmp: Path) -> Iterator[None]:
-    with _private_inductor_cache(tmp), _scalar_host_kernels(), user_triton.guarded(), _short_kernel_names():
+    with _private_inductor_cache(tmp), scalar_host_kernels(), user_triton.guarded(), _short_kernel_names():
         yield
 
 
 @contextmanager
-def _scalar_host_kernels() -> Iterator[None]:
+def scalar_host_kernels() -> Iterator[None]:
     """A CUDA graph's host code is compiled for baseline x86-64 (compile_flags), so any CPU kernel such a graph has is
     generated scalar, not for the build machine's vector ISA. This also skips Inductor's ISA check, which compiles and
     loads test programs (AMX, AVX512-BF16): with torch 2.11 each load imports torch in a new interpreter, 26 s of every

@@ -28,7 +28,7 @@ HEADER = (
 )
 
 Timings = dict[str, Any]  # op -> inputs key -> precision -> choice hash -> milliseconds
-Record = tuple[str, str, str]  # op, inputs key, precision
+Selection = tuple[str, str, str]  # one kernel selection: op, inputs key, precision
 
 
 def path_for(spec_path: Path) -> Path:
@@ -112,7 +112,7 @@ def used_by(sets: tuple[Measured, ...], timings: Timings) -> Measured | None:
     return next((s for s in sets if all(_answers(s, w, r, exactly=True) for w, r in _records(timings))), None)
 
 
-def _records(timings: Timings) -> list[tuple[Record, dict[str, float]]]:
+def _records(timings: Timings) -> list[tuple[Selection, dict[str, float]]]:
     return [
         ((op, inputs, precision), record)
         for op, by_inputs in timings.items()
@@ -121,12 +121,12 @@ def _records(timings: Timings) -> list[tuple[Record, dict[str, float]]]:
     ]
 
 
-def _holds(measured: Measured, where: Record) -> bool:
+def _holds(measured: Measured, where: Selection) -> bool:
     op, inputs, precision = where
     return precision in measured.timings.get(op, {}).get(inputs, {})
 
 
-def _answers(measured: Measured, where: Record, record: dict[str, float], exactly: bool = False) -> bool:
+def _answers(measured: Measured, where: Selection, record: dict[str, float], exactly: bool = False) -> bool:
     """Whether `measured` has timings for all of `record`'s candidates (`exactly`: the same timings)."""
     op, inputs, precision = where
     held = measured.timings.get(op, {}).get(inputs, {}).get(precision, {})

@@ -1337,7 +1337,9 @@ def test_a_lock_wait_names_the_holders_pid(tmp_path: Path) -> None:
             str(ready),
         ]
     )
+    deadline = time.monotonic() + 60
     while not ready.exists():
+        assert holder.poll() is None and time.monotonic() < deadline, "the other process never took the lock"
         time.sleep(0.02)
     waits: list[LockHeld] = []
     with exclusive(lock, waits.append):
