@@ -667,6 +667,7 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
                     retune=job.tuning.retune,
                     where=f"graph[{i}]",
                     scalar_kernels=why,
+                    vec_isas=None if devices.device(target.device).gpu or why else _vec_isas_record(job.tools().tc),
                 ),
             )
         )
@@ -1027,6 +1028,11 @@ def _update_lockfile(job: Job, units: list[Unit]) -> None:
     }
     if lockfile.update(job.layout.lock_path, written, keep - set(written)):
         job.timeline.report("lockfile", f"wrote the kernel choices measured to {job.layout.lock_path}")
+
+
+def _vec_isas_record(tc: Toolchain) -> Path:
+    """Where the vector ISAs that `tc`'s compiler and this CPU support are kept, for every CPU codegen to read."""
+    return toolchain.cache_dir() / "vec_isa" / f"{stage_key(probe.probe_key(tc), codegen.host_cpu())[:16]}.json"
 
 
 def _require_gpu(spec: ProjectSpec, target: Target) -> None:

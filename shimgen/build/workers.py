@@ -52,6 +52,7 @@ class CodegenTask:
     retune: bool
     where: str
     scalar_kernels: str = ""  # why the CPU kernels are generated without vectorization
+    vec_isas: Path | None = None  # where the compiler's and CPU's vector ISAs are kept (codegen._vec_isas_kept)
 
 
 def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
@@ -74,6 +75,7 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
             task.locked,
             task.retune,
             scalar_kernels=task.scalar_kernels,
+            vec_isas=task.vec_isas,
         )
     except SpecError:
         raise

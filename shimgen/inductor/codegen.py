@@ -25,14 +25,14 @@ import tempfile
 import textwrap
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 from shimgen import devices
 from shimgen.errors import UserError
-from shimgen.files import replace_dir, shimgen_fingerprint, stage_key
+from shimgen.files import replace_dir, shimgen_fingerprint, stage_key, write_if_changed
 from shimgen.inductor import compat, internals, kernel_choice, openmp, proxy_executor, refit, user_triton, weights
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import CodegenResult, CustomOps, TraceResult
@@ -163,7 +163,7 @@ def codegen_key(
     source), the Python files the trace read count by content; otherwise files count only through the program."""
     if values is None:
         values = values_compiled(flags)
-    host = _host_cpu() if not devices.device(target.device).gpu and target.isa == "native" else None
+    host = host_cpu() if not devices.device(target.device).gpu and target.isa == "native" else None
     code_read = sorted(digest for path, digest in traced.reads if path.endswith(".py")) if traced.library_ops else []
     return stage_key(
         traced.structure,
@@ -182,7 +182,7 @@ def codegen_key(
     )
 
 
-def _host_cpu() -> str:
+def host_cpu() -> str:
     """The CPU model and its feature flags, what -march=native and Inductor's ISA pick depend on."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -203,12 +203,13 @@ def generate(
     locked: list[Timings],
     retune: bool = False,
     scalar_kernels: str = "",
+    vec_isas: Path | None = None,
 ) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
     for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
     dispatcher at run time. Kernel choices come from the `locked` timings where they have them (unless `retune`).
-    With `scalar_kernels` (why), the CPU kernels are not vectorized. The directory is replaced whole, only on
-    success."""
+    With `scalar_kernels` (why), the CPU kernels are not vectorized. `vec_isas` keeps which vector ISAs the compiler
+    and CPU support (`_vec_isas_kept`). The directory is replaced whole, only on success."""
     import torch
 
     staging = out_dir.with_name(out_dir.name + ".new")
@@ -222,9 +223,7 @@ def generate(
         try:
             # Inference: without no_grad, freezing skips oneDNN weight prepacking and conv/linear fusion;
             # with oneDNN off, Inductor keeps aten GEMMs/convolutions and fuses the epilogues itself.
-            per_device = (
-                _cuda_codegen(Path(tmp)) if devices.device(target.device).gpu else _parallel_only_with_enough_work()
-            )
+            per_device = _cuda_codegen(Path(tmp)) if devices.device(target.device).gpu else _cpu_codegen(vec_isas)
             with (
                 torch.no_grad(),
                 torch.backends.mkldnn.flags(enabled=uses_onednn(target, flags), allow_tf32=None),
@@ -421,10 +420,69 @@ def _templates_compiled_once() -> Iterator[None]:
 
 
 @contextmanager
+def _cpu_codegen(vec_isas: Path | None) -> Iterator[None]:
+    with _parallel_only_with_enough_work(), _vec_isas_kept(vec_isas) if vec_isas else nullcontext():
+        yield
+
+
+@contextmanager
+def _vec_isas_kept(record: Path) -> Iterator[None]:
+    """Inductor's check of which vector ISAs the compiler and CPU support compiles and loads a test program for each
+    of VNNI, AVX512-BF16 and AMX (with torch 2.11 and 2.12 each load imports torch in a new interpreter: about 25 s of
+    every CPU graph's codegen on an AMX machine). Its answer is kept in `record` (per compiler, torch and CPU) by the
+    first codegen, and later ones take it from there."""
+    import torch
+    from torch._inductor import cpu_vec_isa
+
+    supported = getattr(cpu_vec_isa, "supported_vec_isa_list", [])
+    answered = getattr(cpu_vec_isa.valid_vec_isa_list, "cache_info", None)
+    kept = _kept_vec_isas(record, {str(isa): isa for isa in supported})
+    if kept is None or answered is None:
+        before = answered().currsize if answered else 1
+        yield
+        if answered and not before and answered().currsize:  # answered here, under the build's compiler
+            found = [{"isa": str(isa), "state": _plain_state(isa)} for isa in cpu_vec_isa.valid_vec_isa_list()]
+            write_if_changed(record, json.dumps(found, sort_keys=True))
+        return
+    valid = []
+    for isa, state in kept:
+        vars(isa).update(state)
+        valid.append(isa)
+    names = {str(isa) for isa in valid}
+    if any("amx" in name for name in names):
+        torch.cpu._init_amx()  # what the check would have done: AMX kernels timed here need the kernel's permission
+    checks = {
+        cls
+        for isa in supported
+        for cls in type(isa).__mro__
+        if "__bool__" in vars(cls) and issubclass(cls, cpu_vec_isa.VecISA)
+    }
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(cpu_vec_isa, "valid_vec_isa_list", lambda: list(valid)))
+        for cls in checks:
+            stack.enter_context(mock.patch.object(cls, "__bool__", lambda self: str(self) in names))
+        yield
+
+
+def _kept_vec_isas(record: Path, by_name: dict[str, Any]) -> list[tuple[Any, dict[str, Any]]] | None:
+    """The ISAs `record` holds, each with the state its check set; None where there is no such record."""
+    try:
+        kept = json.loads(record.read_text())
+        found = [(by_name[item["isa"]], dict(item["state"])) for item in kept]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found
+
+
+def _plain_state(isa: Any) -> dict[str, Any]:
+    """What an ISA's check set on it (`_is_avx512_bf16_supported`, say) that JSON keeps."""
+    return {k: v for k, v in vars(isa).items() if isinstance(v, (bool, int, float, str))}
+
+
+@contextmanager
 def _parallel_only_with_enough_work() -> Iterator[None]:
     """With cpp.dynamic_threads, Inductor gives every CPU kernel an OpenMP region, however little work it has, and
-    leaves
-    the rest to the OpenMP runtime; libgomp then wakes a team for a 64-element copy (3 us instead of 1 per call of a
+    leaves the rest to the OpenMP runtime; libgomp then wakes a team for a 64-element copy (3 us instead of 1 per call of a
     tiny graph at 2 threads, milliseconds on a busy machine). Inductor's own rule decides instead: a loop runs in
     parallel where its work at the traced sizes is enough for the threads, as without dynamic threads; the regions
     that remain still take the caller's team."""

@@ -11,6 +11,7 @@ import array
 import importlib
 import json
 import os
+import platform
 import random
 import re
 import shutil
@@ -1319,6 +1320,31 @@ def test_a_format_1_lockfile_is_read_and_rewritten_as_format_2(tmp_path: Path) -
     path.write_text(json.dumps({"format": 2, "units": {unit: {"machines": [{"timings": _gemms(a={"t": "fast"})}]}}}))
     with pytest.raises(UserError, match="not a shimgen lockfile this version reads"):
         lockfile.read(path)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="Inductor's x86 vector ISAs")
+def test_the_vector_isa_check_is_kept_and_later_codegens_take_it(tmp_path: Path) -> None:
+    """The first codegen keeps Inductor's answer; a later one takes the kept answer (here: AVX2 alone) without
+    compiling a test program."""
+    from unittest import mock
+
+    from torch._inductor import config, cpu_vec_isa
+
+    from shimgen.inductor.codegen import _vec_isas_kept
+
+    record = tmp_path / "vec_isa.json"
+    with config.patch({"cpp.vec_isa_ok": True}):
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
+        with _vec_isas_kept(record):
+            found = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
+        assert [item["isa"] for item in json.loads(record.read_text())] == found
+        record.write_text(json.dumps([{"isa": "avx2", "state": {}}]))
+        compiled = mock.patch.object(cpu_vec_isa.VecISA, "check_build", side_effect=AssertionError("compiled"))
+        with _vec_isas_kept(record), compiled:
+            assert [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()] == ["avx2"]
+            assert {str(isa): bool(isa) for isa in cpu_vec_isa.supported_vec_isa_list}["avx2"]
+            assert sum(bool(isa) for isa in cpu_vec_isa.supported_vec_isa_list) == 1
+        cpu_vec_isa.valid_vec_isa_list.cache_clear()
 
 
 def test_a_lock_wait_names_the_holders_pid(tmp_path: Path) -> None:
