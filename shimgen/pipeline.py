@@ -329,7 +329,7 @@ class LazyTools:
         own = self._warm.process.pid if self._warm else None
 
         def waiting(held: LockHeld) -> None:
-            if held.pid is None or held.pid != own:
+            if own is None or held.pid != own:
                 self._timeline.report(stage, str(held))
 
         return waiting
@@ -653,6 +653,7 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
             code[name] = generated
             continue
         _require_gpu(spec, target)
+        gpu = devices.device(target.device).gpu
         to_generate.append(
             (
                 name,
@@ -660,14 +661,14 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
                     traced=traced[name],
                     target=target,
                     flags=spec.flags,
-                    cxx=None if devices.device(target.device).gpu else job.tools().tc.cxx,
+                    cxx=None if gpu else job.tools().tc.cxx,
                     out_dir=layout.root / "codegen" / name,
                     key=key,
                     locked=locked,
                     retune=job.tuning.retune,
                     where=f"graph[{i}]",
                     scalar_kernels=why,
-                    vec_isas=None if devices.device(target.device).gpu or why else _vec_isas_record(job.tools().tc),
+                    vec_isas=None if gpu or why else _vec_isas_record(job.tools().tc),
                 ),
             )
         )
