@@ -339,6 +339,9 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement("oneDNN's buffer size of a prepacked tensor", CODEGEN, _operator("mkldnn", "_nbytes")),
     Requirement("oneDNN's buffer of a prepacked tensor", CODEGEN, _operator("mkldnn", "data_ptr")),
     Requirement(
+        "oneDNN's description of a prepacked tensor", CODEGEN, _operator("mkldnn", "_get_mkldnn_serialized_md")
+    ),
+    Requirement(
         "Inductor's SizeVarAllocator.optimization_hints",
         CODEGEN,
         _attribute(f"{_INDUCTOR}.sizevars", "SizeVarAllocator.optimization_hints", ("self", "exprs")),

@@ -5,8 +5,9 @@ Shipped unchanged in every package built by shimgen; the build records each mode
 (shimgen/inductor/refit.py) and checks that it gives back the build's constants bit for bit. A program is JSON:
 
     {"inputs": {"<value>": ["<weight name>", "<dtype>", [<size>, ...]]}, "copied": [<value>, ...],
-     "steps": [{"op": "aten::add.Tensor", "args": [...], "kwargs": {...}, "out": [<value> | null, ...]}],
-     "outputs": {"<constant>": <value>}, "packed_bytes": {"<constant>": <bytes>}, "checks": [{"v": <value>, "dtype": "float32", "values": [...]}],
+     "steps": [{"op": "aten::add.Tensor", "args": [...], "kwargs": {...}, "out": [<value> | null, ...], "threads": 8}],
+     "outputs": {"<constant>": <value>}, "packed_bytes": {"<constant>": <bytes>},
+     "packed_layouts": {"<constant>": "<hex>"}, "checks": [{"v": <value>, "dtype": "float32", "values": [...]}],
      "missing": {"<constant>": "<why it has no program>"}, "fixed": {"<weight>": "<digest>"}}
 
 An argument is a JSON scalar, a list, {"v": <value>} (an earlier value), or a literal: {"dtype": "float32"},
@@ -14,14 +15,17 @@ An argument is a JSON scalar, a list, {"v": <value>} (an earlier value), or a li
 {"tensor": [...], "dtype": "float32", "shape": [...]}. `copied`: inputs a step writes into (copied first, so the
 caller's tensors stay as they are). `checks`: values the code was compiled with (Inductor inlines tiny constants):
 new weights must give the same ones. `packed_bytes`: the size of oneDNN's buffer, for the constants prepacked for
-oneDNN. `fixed`: the weights whose values the build read (digest()): new weights must keep them.
+oneDNN. `packed_layouts`: oneDNN's description of those buffers (packed_layout()) as the build's replay made them;
+`threads`: a oneDNN step's thread count at build time, which oneDNN's choice of layout follows. `fixed`: the weights whose
+values the build read (digest()): new weights must keep them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -92,7 +96,8 @@ def run(
         values[int(value)] = tensor.to(device, copy=int(value) in copied)
     with torch.no_grad():
         for step in program["steps"]:
-            result = op(step["op"])(*decode(step["args"], values, device), **decode_kwargs(step, values, device))
+            with _threads(step.get("threads")):
+                result = op(step["op"])(*decode(step["args"], values, device), **decode_kwargs(step, values, device))
             outs = result if isinstance(result, (tuple, list)) else [result]
             for value, tensor in zip(step["out"], outs, strict=True):
                 if value is not None:
@@ -105,7 +110,33 @@ def run(
                 f"the new weights change a value the code was compiled with ({check['values']}): Inductor wrote it into "
                 "the kernels as a literal, so it cannot change without a rebuild"
             )
-    return {name: values[value] for name, value in program["outputs"].items()}
+    outputs = {name: values[value] for name, value in program["outputs"].items()}
+    for name, layout in program.get("packed_layouts", {}).items():
+        if packed_layout(outputs[name]) != layout:
+            raise RefitError(
+                f"oneDNN packed constant '{name}' in another layout here than at build time, which the compiled code "
+                "takes (oneDNN's choice follows the machine and its threads): rebuild the package on this machine"
+            )
+    return outputs
+
+
+def packed_layout(tensor: torch.Tensor) -> str:
+    """oneDNN's description of a prepacked tensor's buffer: its layout and blocking."""
+    return bytes(op("mkldnn::_get_mkldnn_serialized_md")(tensor).tolist()).hex()
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's threads set to `count` meanwhile (None: left as they are)."""
+    before = torch.get_num_threads()
+    if count is None or count == before:
+        yield
+        return
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def decode_kwargs(step: Mapping[str, Any], values: dict[int, torch.Tensor], device: torch.device) -> dict[str, Any]:

@@ -3,6 +3,7 @@ runtime (shimgen/runtime/_shimgen_refit.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,61 @@ def test_a_weight_whose_value_the_build_read_is_fixed_for_refit_and_named() -> N
     replay.check_fixed(program, {"scale": torch.full((4,), 2.0), "w": torch.randn(4)})
     with pytest.raises(replay.RefitError, match="weight 'scale' cannot change without a rebuild"):
         replay.run(program, {"scale": torch.full((4,), 3.0), "w": built["model.w"]}, torch.device("cpu"))
+
+
+def prepacked_convolution_weight(threads: int) -> tuple[dict[str, Any], Constant, dict[str, torch.Tensor]]:
+    """The program of a convolution weight prepacked for oneDNN as freezing does it, recorded while torch ran
+    `threads` threads."""
+    built = {"model.conv.weight": torch.randn(16, 8, 3, 3)}
+    recording = refit.Recording({refit._storage_key(t): name for name, t in built.items()})
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        packed = record(
+            recording,
+            torch.ops.mkldnn._reorder_convolution_weight.default,
+            built["model.conv.weight"],
+            [1, 1],
+            [1, 1],
+            [1, 1],
+            1,
+            [1, 8, 14, 14],
+        )
+    finally:
+        torch.set_num_threads(before)
+    recording.constants["packed0"] = packed
+    c = dataclasses.replace(
+        constant("packed0", built["model.conv.weight"]), layout="_mkldnn", data_size=torch.ops.mkldnn._nbytes(packed)
+    )
+    return recording.program([c], built), c, built
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch is built without oneDNN")
+def test_a_prepacked_weight_is_packed_again_with_the_threads_and_checked_against_the_layout_of_the_build() -> None:
+    # oneDNN's layout follows the threads it would run: on a 16-core AMX Xeon, 16 threads gave another layout than the
+    # 8 that the build ran, and the refitted package computed garbage.
+    program, _, built = prepacked_convolution_weight(threads=1)
+    assert program["missing"] == {}
+    (step,) = program["steps"]
+    assert step["op"] == "mkldnn::_reorder_convolution_weight" and step["threads"] == 1
+    assert list(program["packed_layouts"]) == ["packed0"]
+
+    seen = []
+    original = replay.op
+
+    def spying(name: str) -> Any:
+        if name == step["op"]:
+            seen.append(torch.get_num_threads())
+        return original(name)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(replay, "op", spying)
+        torch.set_num_threads(2)
+        replay.run(program, {"conv.weight": torch.randn(16, 8, 3, 3)}, torch.device("cpu"))
+    assert seen == [1] and torch.get_num_threads() == 2
+
+    program["packed_layouts"]["packed0"] = "00" + program["packed_layouts"]["packed0"][2:]
+    with pytest.raises(
+        replay.RefitError, match=r"oneDNN packed constant .packed0. in another layout here than at build time"
+    ):
+        replay.run(program, {"conv.weight": built["model.conv.weight"]}, torch.device("cpu"))
