@@ -192,8 +192,9 @@ class Recording:
             for name in sorted(read)
             if isinstance(original.get(name), torch.Tensor)
         }
-        packed = [name for name in outputs if self.constants[name].is_mkldnn]
-        program["packed_bytes"] = {name: torch.ops.mkldnn._nbytes(self.constants[name]) for name in packed}
+        program["packed_bytes"] = {
+            name: torch.ops.mkldnn._nbytes(self.constants[name]) for name in outputs if self.constants[name].is_mkldnn
+        }
         self._verify(program, wanted, original)
         return program
 
