@@ -41,6 +41,9 @@ from shimgen.trace import custom_ops, entry
 from shimgen.trace import export as trace
 
 KERNEL_START = "#include <torch/csrc/inductor/cpp_prefix.h>"
+# Each kernel file costs about a second of compiler time before its first kernel (the precompiled header, the
+# prefix): a graph's kernels are split into files of at least this much source, fewer than `split` where they are few.
+KERNEL_FILE_BYTES = 24 << 10
 INTERFACE_END = '} // extern "C"\n'
 TRITON_SOURCE = re.compile(r"async_compile\.triton\('(\w+)', '{3}\n(.*?)'{3}, device_str='cuda'\)", re.S)
 # -march and CPU_CAPABILITY per spec isa; 'native' keeps what Inductor picked for this machine.
@@ -247,14 +250,13 @@ def generate(
                 f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}"
             ) from exc
         files, ptx = _extract(package)
-    interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split)
+    interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split, KERNEL_FILE_BYTES)
     for k, text in enumerate(kernels):
         if not devices.device(target.device).gpu:
             text = openmp.serial_fast_paths(openmp.gemm_threads_from_caller(text))
         (staging / f"kernels_{k}.cpp").write_text(text)
     (staging / "interface.cpp").write_text(interface)
-    # Its end, where Inductor's model class is complete, describes the constants to the binding (load_weights).
-    (staging / "model.cpp").write_text(model + '\n#include "shimgen_model_constants.h"\n')
+    (staging / "model.cpp").write_text(model_source(model))
     (staging / "weights.o").write_bytes(files[".weights.o"])
     constants = weights.mark_plain(weights.parse_constants(model), program_weights)
     weights.write_constants(constants, staging / "constants.json")
@@ -541,8 +543,9 @@ def _extract(package: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
     return found, ptx
 
 
-def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
-    """(interface, model, kernel files): the kernels dealt into at most `parts` files of similar size."""
+def split_wrapper(text: str, parts: int, least_bytes: int = 0) -> tuple[str, str, list[str]]:
+    """(interface, model, kernel files): the kernels dealt into at most `parts` files of similar size, and no more
+    files than give each `least_bytes` of source."""
     # Drop Inductor's trailing "// g++ ..." notes: they hold build-machine temp paths.
     text = re.sub(r"\n// (Compile cmd|Link cmd|\S*(g\+\+|c\+\+|clang\+\+) )[^\n]*", "", text).rstrip() + "\n"
     # Inductor's messages hold Python reprs with the object's address (`<function fn at 0x7f...>`), new in every
@@ -558,13 +561,29 @@ def split_wrapper(text: str, parts: int) -> tuple[str, str, list[str]]:
     includes = "".join(line + "\n" for line in interface.splitlines() if line.startswith("#include"))
     model, *kernels = rest.split(KERNEL_START + "\n")
     kernels = [KERNEL_START + "\n" + k for k in kernels]
-    bins: list[list[int]] = [[] for _ in range(min(parts, len(kernels)))]
+    total = sum(map(len, kernels))
+    count = min(parts, len(kernels), max(1, total // least_bytes) if least_bytes else parts)
+    bins: list[list[int]] = [[] for _ in range(count)]
     sizes = [0] * len(bins)
     for k in sorted(range(len(kernels)), key=lambda k: -len(kernels[k])):  # largest first, into the emptiest file
         emptiest = sizes.index(min(sizes))
         bins[emptiest].append(k)
         sizes[emptiest] += len(kernels[k])
     return interface, includes + model, ["".join(kernels[k] for k in sorted(b)) for b in bins]
+
+
+def model_source(model: str) -> str:
+    """A graph's model.cpp: Inductor's model code, with the model base class declared as compiled elsewhere (after
+    Inductor's includes, before its first use) and, at its end, where Inductor's model class is complete, the
+    description of its constants for the binding (load_weights)."""
+    lines = model.splitlines(keepends=True)
+    k = next((k for k, line in enumerate(lines) if line.strip() and not line.startswith("#include")), len(lines))
+    return (
+        "".join(lines[:k])
+        + '#include "shimgen_model_base.h"\n'
+        + "".join(lines[k:])
+        + '\n#include "shimgen_model_constants.h"\n'
+    )
 
 
 def shared_interface(texts: dict[str, str]) -> str:

@@ -39,6 +39,9 @@ from shimgen.trace import entry, variants
 
 TEMPLATES = Path(__file__).parent / "templates"
 RUNTIME = Path(__file__).parents[1] / "runtime"  # shipped or compiled as they are
+MODEL_BASE_INSTANCE = (
+    b"template class torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>;\n"
+)
 PACKAGE_MODULES = ("_shimgen_weights.py", "_shimgen_refit.py")  # under RUNTIME, shipped in every package
 TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meson project shimgen writes
 PROBE_FILES = ("probe.cpp", "check_probe.py")  # under RUNTIME
@@ -136,6 +139,9 @@ def render_prebuilt(
     }
     write_if_changed(out / "meson.build", env.get_template("prebuilt/meson.build.j2").render(context))
     write_if_changed(out / "aoti_interface.cpp", interface)
+    # What shimgen_model_base.h declares: the model base class instantiated once, with the interface's headers.
+    headers = b"".join(line + b"\n" for line in interface.splitlines() if line.startswith(b"#include"))
+    write_if_changed(out / "model_base.cpp", headers + MODEL_BASE_INSTANCE)
     write_if_changed(out / "empty.cpp", "")
     write_if_changed(out / "pch" / "wrapper_pch.h", env.get_template("prebuilt/wrapper_pch.h.j2").render(device=device))
     write_if_changed(out / "pch" / "kernel_pch.h", (RUNTIME / "kernel_pch.h").read_bytes())

@@ -178,7 +178,11 @@ class Flags:
         "and cached per user.",
         default=True,
     )
-    split: int = doc("Kernel translation units per graph, compiled in parallel.", default=4)
+    split: int = doc(
+        "At most this many kernel translation units per graph, compiled in parallel; fewer where its kernels are small "
+        "(each file gets 24 KiB of source or more).",
+        default=4,
+    )
     freezing: bool = doc(
         "Fold weights into the graph as constants (Inductor freezing): faster inference. The folded constants (batch "
         "norms merged into convolutions, weights packed for their kernels) are computed at build time; the package's "

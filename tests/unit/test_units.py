@@ -35,6 +35,7 @@ from shimgen.inductor.codegen import (
     codegen_key,
     compile_flags,
     inductor_configs,
+    model_source,
     shared_interface,
     short_fused_name,
     split_wrapper,
@@ -169,6 +170,31 @@ def test_split_wrapper_gives_a_dominant_kernel_a_file_of_its_own() -> None:
     _, _, files = split_wrapper(wrapper(kernels), 2)
     groups = {frozenset(re.findall(r'^extern "C"\s+void\s+(\w+)\(', text, re.M)) for text in files}
     assert groups == {frozenset({"cpp_fused_big_0"}), frozenset(f"cpp_fused_small_{k}" for k in range(1, 6))}
+
+
+@pytest.mark.parametrize("share, files", [(0.01, 4), (0.3, 3), (0.5, 2), (0.7, 1), (2.0, 1)])
+def test_split_wrapper_gives_each_file_at_least_its_share_of_source(share: float, files: int) -> None:
+    """Each kernel file costs the compiler a fixed start: no more files than give each `least_bytes`, `parts` at
+    most."""
+    text = wrapper(KERNELS)
+    total = sum(len(k) for k in kernels_by_name(split_wrapper(text, 1)[2]).values())
+    _, _, split = split_wrapper(text, 4, least_bytes=int(share * total))
+    assert len(split) == files
+    assert sorted(kernels_by_name(split)) == sorted(KERNELS)
+
+
+def test_model_source_declares_the_prebuilt_model_base_before_its_first_use() -> None:
+    _, model, _ = split_wrapper(wrapper(KERNELS), 4)
+    source = model_source(model)
+    lines = source.splitlines()
+    base = lines.index('#include "shimgen_model_base.h"')
+    assert all(line.startswith("#include") or not line.strip() for line in lines[:base])  # after Inductor's includes
+    assert "AOTInductorModel" not in "\n".join(lines[:base])
+    assert lines[-1] == '#include "shimgen_model_constants.h"'  # where Inductor's model class is complete
+    assert (
+        source.replace('#include "shimgen_model_base.h"\n', "").removesuffix('\n#include "shimgen_model_constants.h"\n')
+        == model
+    )
 
 
 def test_split_wrapper_interface_and_model() -> None:
