@@ -235,6 +235,11 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         CODEGEN,
         _source_holds(f"{_INDUCTOR}.cpu_vec_isa", "pick_vec_isa", "valid_vec_isa_list()", "return invalid_vec_isa"),
     ),
+    # codegen._vec_isas_kept: the check's answer replayed (each ISA's own __bool__), AMX permission asked as it would
+    Requirement(
+        "Inductor's VecISA.__bool__", CODEGEN, _attribute(f"{_INDUCTOR}.cpu_vec_isa", "VecISA.__bool__", ("self",))
+    ),
+    Requirement("torch.cpu._init_amx", CODEGEN, _attribute("torch.cpu", "_init_amx", ())),
     Requirement(
         "Inductor's ConstantFolder.run_node",
         CODEGEN,
