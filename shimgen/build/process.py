@@ -184,7 +184,7 @@ def run_python(
         if spare is not None:
             os.close(spare.request)
             os.waitpid(spare.pid, 0)
-        return run(_python_command(function, argv), env=environment)
+        return run(python_command(function, argv), env=environment)
     with tempfile.NamedTemporaryFile(prefix="shimgen-spare-", suffix=".log") as output:
         request = {
             "function": function,
@@ -213,7 +213,7 @@ def start_python(function: str, argv: Sequence[str], niceness: int) -> subproces
     own (os.killpg stops it and what it runs), its output discarded: work a caller may take over or do again. It stays
     in this session: Linux's autogroup scheduling shares the CPU equally between sessions, whatever their niceness."""
     return subprocess.Popen(
-        _python_command(function, argv),
+        python_command(function, argv),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -226,7 +226,9 @@ def _lower(niceness: int) -> None:
     os.nice(niceness)
 
 
-def _python_command(function: str, argv: Sequence[str]) -> list[str]:
+def python_command(function: str, argv: Sequence[str]) -> list[str]:
+    """A new interpreter of this Python running `module:function`(argv) of this shimgen, whatever the working
+    directory holds (`python -m` would import a `shimgen` directory there first)."""
     module, _, name = function.partition(":")
     root = str(Path(__file__).parents[2])  # this shimgen, on sys.path only while its module is imported
     script = (

@@ -140,7 +140,7 @@ def _connect(path: Path) -> socket.socket | None:
 def _start(base: Path, path: Path) -> socket.socket | None:
     with open(base.with_suffix(".log"), "ab") as log:
         server = subprocess.Popen(
-            [sys.executable, "-m", "shimgen.commands.server", str(base)],
+            process.python_command("shimgen.commands.server:main", [str(base)]),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -324,5 +324,6 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-if __name__ == "__main__":
-    serve(Path(sys.argv[1]))
+def main(argv: list[str]) -> int:
+    serve(Path(argv[0]))
+    return 0

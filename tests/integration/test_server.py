@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,13 +22,16 @@ from shimgen.trace.entry import load_model, make_inputs
 pytestmark = pytest.mark.slow
 
 
-def served_build(spec: Path, out: Path, env: dict[str, str], *extra: str) -> tuple[int, dict | None, str]:
+def served_build(
+    spec: Path, out: Path, env: dict[str, str], *extra: str, cwd: Path | None = None
+) -> tuple[int, dict | None, str]:
     """(exit status, --json summary or None, stderr) of the real CLI, the server on."""
     run = subprocess.run(
         [*COMMAND, "build", str(spec), "--out", str(out), "--json", *extra],
         capture_output=True,
         text=True,
         env={**os.environ, **env, "SHIMGEN_SERVER": "on"},
+        cwd=cwd,
     )
     return run.returncode, json.loads(run.stdout) if run.returncode == 0 else None, run.stderr
 
@@ -103,11 +107,19 @@ def test_a_killed_server_costs_only_speed(project: tuple[Path, dict[str, str]], 
         stop(first, again)
 
 
+@pytest.mark.skipif(
+    COMMAND[0] == sys.executable, reason="needs shimgen installed: `python -m shimgen` imports the directory's shimgen"
+)
 def test_an_idle_server_stops(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """... and runs the shimgen that started it, whatever the directory the build runs in holds."""
     spec, env = project
     env = {**env, "SHIMGEN_SERVER_IDLE": "2"}
-    code, built, err = served_build(spec, tmp_path / "out", env)
+    elsewhere = tmp_path / "elsewhere" / "shimgen"
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "__init__.py").write_text("raise ImportError('a shimgen directory where the build runs')\n")
+    code, built, err = served_build(spec, tmp_path / "out", env, cwd=elsewhere.parent)
     assert code == 0, err
+    assert built["build_server"] not in (None, os.getpid()), "the build ran in a server"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
