@@ -36,6 +36,7 @@ from shimgen.files import LockHeld, exclusive, file_hash, shimgen_fingerprint, s
 from shimgen.inductor import codegen, lockfile, weights
 from shimgen.package import cpp, verify
 from shimgen.package import wheel as package
+from shimgen.package.verify import ReferenceRun
 from shimgen.project import render
 from shimgen.results import (
     CodegenResult,
@@ -53,7 +54,7 @@ from shimgen.results import (
     to_json,
     unit_name,
 )
-from shimgen.spec import ProjectSpec, Target, load_spec
+from shimgen.spec import Graph, ProjectSpec, Target, load_spec
 from shimgen.toolchain import Toolchain, prebuilt, probe, warmup
 from shimgen.toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
 from shimgen.trace import custom_ops, entry, variants
@@ -395,10 +396,28 @@ def _build(
         shared=shared,
         verify=verify,
     )
-    units = _generate_all(job, {})
-    job.state.forget_all_but(
-        "unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")}
-    )
+    references: ReferenceRun | None = None
+
+    def traced(programs: list[UnitPrograms]) -> None:
+        nonlocal references
+        references = _reference_run(job, programs, codegen_ahead=True)
+
+    try:
+        units = _generate_all(job, {}, traced)
+        job.state.forget_all_but(
+            "unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")}
+        )
+        if references is None:
+            references = _reference_run(job, [_programs_of(u) for u in units], codegen_ahead=False)
+        return _package_all(job, tools, units, references)
+    finally:
+        if references is not None:
+            references.stop()
+
+
+def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: ReferenceRun | None) -> BuildOutput:
+    """Compiled and packaged, or taken from the shared cache, after `_generate_all`."""
+    spec, layout, shared, tc, timeline = job.spec, job.layout, job.shared, job.tc, job.timeline
     target = "+".join(render.target_id(t) for t in spec.target)
     version = f"{spec.project.version}+{matrix.local_version(tc.torch_version, spec.target, _torch_cuda(spec))}"
     wheel_key = _wheel_key(job, units, version)
@@ -412,7 +431,7 @@ def _build(
         _keep_meson_dir_if_configured_for(job, built)
         units, project, compiled = _compiled(job, units, version, built)
         wheel_key = _wheel_key(job, units, version)
-        packaged, cpp_package = _package(job, project, compiled, units, None if cpp_skipped else archive)
+        packaged, cpp_package = _package(job, project, compiled, units, None if cpp_skipped else archive, references)
         if shared:
             shared.put(
                 "wheel",
@@ -470,6 +489,7 @@ def _build(
             "cases": list(packaged.verified),
             "skipped": list(packaged.verify_skipped),
             "seconds": packaged.verify_seconds,
+            "beforehand": packaged.verify_beforehand,
         },
     )
 
@@ -577,11 +597,13 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
         job.state.commit("meson", Stamp(key=tools.key))
 
 
-def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
+def _generate_all(
+    job: Job, scalar: dict[str, str], traced_all: Callable[[list[UnitPrograms]], None] | None = None
+) -> list[Unit]:
     """Every graph on every target traced and generated, its dynamic code and each specialized variant, or taken from
     the last build (or the shared cache) where up to date. The traces to make run at once in worker processes, then the
-    codegens (shimgen/build/workers.py). The units named in `scalar`, and those the lockfile says so of, get CPU kernels
-    without vectorization (why, by unit)."""
+    codegens (shimgen/build/workers.py); `traced_all` is told the programs in between. The units named in `scalar`, and
+    those the lockfile says so of, get CPU kernels without vectorization (why, by unit)."""
     spec, layout, state = job.spec, job.layout, job.state
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
     works = [
@@ -632,6 +654,8 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
         _run(job, "trace", to_trace, workers.run_trace, record_trace)
         pending = variants.left_out(works, traced)
         works += pending
+    if traced_all is not None:
+        traced_all([_traced_programs(works, g, t) for t in spec.target for g in spec.graph])
     code: dict[str, CodegenResult] = {}
     to_generate: list[tuple[str, workers.CodegenTask]] = []
     for name, i, _, target, _ in works:
@@ -701,10 +725,7 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
     units = []
     for t in spec.target:
         for g in spec.graph:
-            made = [(name, sizes) for name, _, graph, target, sizes in works if graph is g and target is t and sizes]
-            made.sort(
-                key=lambda work: -len(work[1])
-            )  # the most specific first: a call runs the first whose sizes match
+            made = _variant_works(works, g, t)
             units.append(
                 Unit(
                     graph=g,
@@ -719,6 +740,18 @@ def _generate_all(job: Job, scalar: dict[str, str]) -> list[Unit]:
                 )
             )
     return units
+
+
+def _variant_works(works: list[Any], g: Graph, t: Target) -> list[tuple[str, dict[str, int]]]:
+    """(name, sizes) of the graph's specialized variants on the target, the most specific first: a call runs the first
+    whose sizes match."""
+    made = [(name, sizes) for name, _, graph, target, sizes in works if graph is g and target is t and sizes]
+    return sorted(made, key=lambda work: -len(work[1]))
+
+
+def _traced_programs(works: list[Any], g: Graph, t: Target) -> UnitPrograms:
+    variant_programs = ((name, tuple(sizes.items())) for name, sizes in _variant_works(works, g, t))
+    return g, t, [(unit_name(g, t), ()), *variant_programs]
 
 
 def _compiled(
@@ -1006,7 +1039,7 @@ def _wheel_from(shared: SharedCache, job: Job, key: str, units: list[Unit]) -> P
                 job.spec.project.name,
                 key,
                 _module_dirs(job),
-                _verify_plan(job, units),
+                _verify_plan(job, [_programs_of(u) for u in units]),
             )
     job.state.commit("wheel", Stamp(key=key))
     return packaged
@@ -1051,10 +1084,15 @@ def _require_gpu(spec: ProjectSpec, target: Target) -> None:
 
 
 def _package(
-    job: Job, project: RenderedProject, compiled: CompileResult, units: list[Unit], cpp_archive: str | None
+    job: Job,
+    project: RenderedProject,
+    compiled: CompileResult,
+    units: list[Unit],
+    cpp_archive: str | None,
+    references: ReferenceRun | None,
 ) -> tuple[PackageResult, CppPackageResult | None]:
     """The wheel and the importable package, and the C++ package (where `cpp_archive` names it), made while the
-    wheel is checked."""
+    wheel is checked; against `references` where they were computed for the units' plan."""
     key = stage_key(project.key, [(p.name, file_hash(p)) for p in compiled.extensions], meson.source_date_epoch())
     packaged = _cached(job, "package", PackageResult, key)
     if packaged is not None:
@@ -1064,6 +1102,7 @@ def _package(
         (u.name, layout.project / "src" / u.name / render.weights_file_name(u)) for u in units if u.code.weights_file
     ]
     staged = _staged_cpp(job, key, cpp_archive) if cpp_archive else None
+    plan = _verify_plan(job, [_programs_of(u) for u in units])
 
     def stage_cpp(tree: Path, weights_file: Path | None) -> None:
         assert staged is not None
@@ -1080,7 +1119,7 @@ def _package(
                 job.spec.project.name,
                 key,
                 _module_dirs(job),
-                _verify_plan(job, units),
+                references if references and references.plan == plan else plan,
                 external if job.spec.flags.weights == "external" else None,
                 beside=stage_cpp if staged else None,
             )
@@ -1132,26 +1171,50 @@ def _shared_cpp_package(job: Job, wheel_key: str, packaged: PackageResult, archi
     return _cached(job, "cpp", CppPackageResult, staged.key, shared=from_shared)
 
 
-def _verify_plan(job: Job, units: list[Unit]) -> verify.Plan | None:
+# A unit's graph and target, and the traces of its dynamic code and variants: (name, the sizes the variant fixes).
+UnitPrograms = tuple[Graph, Target, list[tuple[str, tuple[tuple[str, int], ...]]]]
+
+
+def _programs_of(unit: Unit) -> UnitPrograms:
+    sizes = ((), *(v.sizes for v in unit.variants))
+    return unit.graph, unit.target, [(name, fixed) for (name, _), fixed in zip(unit.generated, sizes, strict=True)]
+
+
+def _reference_run(job: Job, programs: list[UnitPrograms], codegen_ahead: bool) -> ReferenceRun | None:
+    """What the package check compares with, computed by the traced programs from now on, beside the rest of the
+    build, where this build made something (else its package is most likely the last one): once traced, on CPU
+    targets (the codegen workers' kernel timings run beside each other already); on a GPU, once generated, never
+    beside the GPU's kernel timings."""
+    plan = _verify_plan(job, programs)
+    if codegen_ahead:
+        made = "trace" in job.timeline.seconds and not any(devices.device(t.device).gpu for t in job.spec.target)
+    else:
+        made = bool({"trace", "codegen", "weights"} & set(job.timeline.seconds))
+    return ReferenceRun(plan, _module_dirs(job)) if plan is not None and made else None
+
+
+def _verify_plan(job: Job, units: list[UnitPrograms]) -> verify.Plan | None:
     """What the package is run against before it is installed: each unit's traced programs."""
     if not job.verify:
         return None
     graphs = []
     modules = [op.module for op in job.spec.custom_op if op.module]
-    for u in units:
-        programs = []
-        for (name, _), sizes in zip(u.generated, ((), *(v.sizes for v in u.variants)), strict=True):
+    for graph, target, names in units:
+        programs: list[tuple[tuple[tuple[str, int], ...], Path]] = []
+        state: tuple[str, ...] = ()
+        for name, sizes in names:
             traced = job.state.get(TraceResult, f"unit:trace:{name}")
             assert traced is not None, name
+            state = state if programs else traced.state  # the dynamic program's, which its codegen keeps
             programs.append((sizes, traced.program))
             modules += [m for m in traced.op_modules if m not in modules]
         graphs.append(
             verify.GraphModels(
-                graph=u.graph,
-                where=f"graph[{job.spec.graph.index(u.graph)}]",
-                device=u.target.device,
+                graph=graph,
+                where=f"graph[{job.spec.graph.index(graph)}]",
+                device=target.device,
                 programs=tuple(programs),
-                state=u.code.state,
+                state=state,
             )
         )
     return verify.Plan(

@@ -271,6 +271,7 @@ class PackageResult:
     ] = ()  # the calls compared with the traced programs before the package was installed (verify.py)
     verify_skipped: tuple[str, ...] = ()
     verify_seconds: float = 0.0
+    verify_beforehand: int = 0  # verify.Report.beforehand
     weights_file: Path | None = None  # flags.weights = "external": the weights, beside the wheel
     platform_reason: str = ""  # why the wheel has no manylinux tag, where it has none
 

@@ -117,22 +117,49 @@ class _Spare:
     modules: frozenset[str]  # what it has imported
 
 
-_spare: _Spare | None = None
+_spare: _Spare | None = None  # run_python's
+_background_spare: _Spare | None = None  # start_in_spare's
 
 
 def fork_spare_interpreter() -> None:
-    """Fork a child that later runs one Python function in place of a new interpreter (`run_python`). Called where
-    this process is what a new interpreter would be once it has imported torch (a build server's child, before the
-    build): a build then does not pay again for starting Python and importing torch to check its package."""
-    global _spare
+    """Fork two children that each later run one Python function in place of a new interpreter, one for `run_python`
+    and one for `start_in_spare`. Called where this process is what a new interpreter would be once it has imported
+    torch (a build server's child, before the build): a build then does not pay again for starting Python and
+    importing torch to check its package."""
+    global _spare, _background_spare
+    _spare = _fork_spare()
+    _background_spare = _fork_spare(_spare)
+
+
+def _fork_spare(other: _Spare | None = None) -> _Spare:
     read, write = os.pipe()
     modules = frozenset(sys.modules)
     pid = os.fork()
     if pid == 0:  # pragma: no cover  (the spare; run_python's callers test what it runs)
         os.close(write)
+        if other is not None:  # else its request would never end while this one lives
+            os.close(other.request)
         os._exit(_serve_one_request(read))
     os.close(read)
-    _spare = _Spare(pid, write, modules)
+    return _Spare(pid, write, modules)
+
+
+def _send(spare: _Spare, request: dict[str, object]) -> None:
+    data = memoryview(json.dumps(request).encode())
+    try:
+        while data:
+            data = data[os.write(spare.request, data) :]
+    finally:
+        os.close(spare.request)
+
+
+def _usable(spare: _Spare | None, fresh: Sequence[str]) -> _Spare | None:
+    """`spare` where it has not imported the `fresh` modules; else None, and it is let go."""
+    if spare is not None and any(name.partition(".")[0] in spare.modules for name in fresh):
+        os.close(spare.request)
+        os.waitpid(spare.pid, 0)
+        return None
+    return spare
 
 
 def _serve_one_request(pipe: int) -> int:
@@ -148,6 +175,9 @@ def _serve_one_request(pipe: int) -> int:
     if not data:  # the build ended without needing it
         return 0
     request = json.loads(data)
+    if "niceness" in request:  # start_in_spare's
+        os.setpgid(0, 0)
+        os.nice(request["niceness"])
     output = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     for fd in (1, 2):
         os.dup2(output, fd)
@@ -179,26 +209,14 @@ def run_python(
     this process's environment and `env`."""
     global _spare
     environment = {**os.environ, **(env or {})}
-    spare, _spare = _spare, None
-    if spare is None or any(name.partition(".")[0] in spare.modules for name in fresh):
-        if spare is not None:
-            os.close(spare.request)
-            os.waitpid(spare.pid, 0)
+    spare, _spare = _usable(_spare, fresh), None
+    if spare is None:
         return run(python_command(function, argv), env=environment)
     with tempfile.NamedTemporaryFile(prefix="shimgen-spare-", suffix=".log") as output:
-        request = {
-            "function": function,
-            "argv": list(argv),
-            "output": output.name,
-            "env": environment,
-            "cwd": os.getcwd(),
-        }
-        data = memoryview(json.dumps(request).encode())
-        try:
-            while data:
-                data = data[os.write(spare.request, data) :]
-        finally:
-            os.close(spare.request)
+        _send(
+            spare,
+            {"function": function, "argv": list(argv), "output": output.name, "env": environment, "cwd": os.getcwd()},
+        )
         _, status = os.waitpid(spare.pid, 0)
         return Completed(
             ("spare interpreter", function, *argv),
@@ -219,6 +237,46 @@ def start_python(function: str, argv: Sequence[str], niceness: int) -> subproces
         stderr=subprocess.DEVNULL,
         preexec_fn=lambda: _lower(niceness),  # noqa: PLW1509  (system calls between fork and exec, no lock taken)
     )
+
+
+@dataclass
+class Background:
+    """A Python function running in another interpreter, in a process group of its own (`start_in_spare`)."""
+
+    pid: int
+    popen: subprocess.Popen[bytes] | None  # None: a spare, this process's child
+    status: int | None = None
+
+    def wait(self) -> int:
+        """Its exit status, once it has ended."""
+        if self.status is None:
+            self.status = self.popen.wait() if self.popen else os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.status
+
+    def stop(self) -> None:
+        """Killed, with what it started, unless it has ended."""
+        if self.status is None and (self.popen is None or self.popen.poll() is None):
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:  # a spare not yet in its own group
+                try:
+                    os.kill(self.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        self.wait()
+
+
+def start_in_spare(function: str, argv: Sequence[str], niceness: int, fresh: Sequence[str] = ()) -> Background:
+    """`module:function`(argv) started at lower priority in the spare interpreter kept for it, where it has not
+    imported the `fresh` modules, else in a new interpreter (`start_python`); its output discarded."""
+    global _background_spare
+    spare, _background_spare = _usable(_background_spare, fresh), None
+    if spare is None:
+        started = start_python(function, argv, niceness)
+        return Background(started.pid, started)
+    request = {"function": function, "argv": list(argv), "output": os.devnull, "env": dict(os.environ)}
+    _send(spare, {**request, "cwd": os.getcwd(), "niceness": niceness})
+    return Background(spare.pid, None)
 
 
 def _lower(niceness: int) -> None:

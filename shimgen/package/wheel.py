@@ -72,7 +72,7 @@ def build_and_unpack(
     name: str,
     key: str,
     module_dirs: tuple[Path, ...] = (),
-    plan: verify.Plan | None = None,
+    plan: verify.Plan | verify.ReferenceRun | None = None,
     external_weights: list[tuple[str, Path]] | None = None,
     beside: Callable[[Path, Path | None], None] | None = None,
 ) -> PackageResult:
@@ -179,9 +179,14 @@ def write_wheel(wheel: Path, members: dict[str, tuple[bytes, bool]], epoch: int 
 
 
 def compress_type(name: str, data: bytes) -> int:
-    """ZIP_STORED for a member that deflate would hardly shrink (judged on a sample of its content), else ZIP_DEFLATED."""
+    return zipfile.ZIP_DEFLATED if worth_deflating(name, data) else zipfile.ZIP_STORED
+
+
+def worth_deflating(name: str, data: bytes) -> bool:
+    """Whether deflate shrinks a file of this name and content more than a little (judged on a sample of it): what
+    the wheel and the C++ package's archive store as it is instead (weights, mostly) costs no time to pack or unpack."""
     if name.endswith(_ALWAYS_STORED):
-        return zipfile.ZIP_STORED
+        return False
     if len(data) <= _SAMPLE_BYTES:
         sample = data
     else:
@@ -189,10 +194,10 @@ def compress_type(name: str, data: bytes) -> int:
         starts = (int(stride * (k + 0.5)) - chunk // 2 for k in range(_SAMPLE_CHUNKS))
         sample = b"".join(data[start : start + chunk] for start in starts)
     if not sample:
-        return zipfile.ZIP_DEFLATED
+        return True
     deflate = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, as a zip member holds it (no zlib header)
     deflated = len(deflate.compress(sample)) + len(deflate.flush())
-    return zipfile.ZIP_STORED if deflated > _STORE_ABOVE * len(sample) else zipfile.ZIP_DEFLATED
+    return deflated <= _STORE_ABOVE * len(sample)
 
 
 def _zip_entry(name: str, epoch: int, executable: bool, compress: int) -> zipfile.ZipInfo:
@@ -231,11 +236,16 @@ def weights_file_of(wheel: Path) -> Path:
 
 
 def _check(
-    staging: Path, name: str, module_dirs: tuple[Path, ...], plan: verify.Plan | None, weights_file: Path | None
+    staging: Path,
+    name: str,
+    module_dirs: tuple[Path, ...],
+    given: verify.Plan | verify.ReferenceRun | None,
+    weights_file: Path | None,
 ) -> verify.Report:
     """The unpacked package imported in a fresh interpreter (an "external" package given `weights_file` through its
     variable, as a user gives it) and, given a plan, its graphs run against their traced programs
     (shimgen/package/verify.py); where either fails, `staging` is removed and the build fails."""
+    plan = given.finished() if isinstance(given, verify.ReferenceRun) else given
     with tempfile.TemporaryDirectory(prefix="shimgen-verify-") as tmp:
         plan_file, report_file = Path(tmp) / "plan.pickle", Path(tmp) / "report.json"
         if plan is not None:
@@ -292,7 +302,7 @@ def _install(
     name: str,
     key: str,
     module_dirs: tuple[Path, ...],
-    plan: verify.Plan | None,
+    plan: verify.Plan | verify.ReferenceRun | None,
     weights_file: Path | None = None,
     beside: Callable[[Path, Path | None], None] | None = None,
 ) -> PackageResult:
@@ -316,4 +326,5 @@ def _install(
         verified=tuple(report.cases),
         verify_skipped=tuple(report.skipped),
         verify_seconds=report.seconds,
+        verify_beforehand=report.beforehand,
     )

@@ -117,7 +117,8 @@ def test_docstring_and_check(built_counter: dict[str, Any], workdir: Path) -> No
     counter = import_package(built_counter)
     assert "State: each call updates count, total in place" in counter.step.__doc__
     assert "State: each call updates" in counter.peek.__doc__
-    assert built_counter["verified"]["cases"], built_counter["verified"]
+    verified = built_counter["verified"]
+    assert verified["cases"] and verified["beforehand"] == len(verified["cases"]), "the programs ran beside the compile"
     result = shimgen("check", workdir / "projects" / "counter.toml", "--out", workdir)
     assert result.returncode == 0, result.stderr
 

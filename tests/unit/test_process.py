@@ -129,3 +129,49 @@ def test_background_work_runs_below_the_build_in_its_session(tmp_path: Path, mon
     assert group == started.pid and group != os.getpgid(0)
     assert session == os.getsid(0)
     assert niceness == min(os.nice(0) + 7, 19)
+
+
+IN_SPARE = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[1])
+from shimgen.build import process
+import imported_before_the_fork
+process.fork_spare_interpreter()
+out = sys.argv[2]
+first = process.start_in_spare("where:main", [out + ".1"], 7)
+second = process.start_in_spare("where:main", [out + ".2"], 7)  # the spare is taken: a new interpreter
+sleeping = process.start_in_spare("where:sleep", [], 7)
+start = time.monotonic()
+sleeping.stop()
+print(json.dumps([first.wait(), first.pid, second.wait(), second.pid, sleeping.status, time.monotonic() - start]))
+"""
+
+
+def test_background_work_runs_in_its_spare_below_the_build_and_stops(tmp_path: Path) -> None:
+    """What the build runs beside its compile (start_in_spare): in the spare forked for it, which has what this process
+    had imported, lower priority, a process group of its own; then in a new interpreter; and stopped at once."""
+    (tmp_path / "imported_before_the_fork.py").write_text("")
+    (tmp_path / "where.py").write_text(
+        "import json, os, sys, time\n"
+        "def main(argv):\n"
+        "    json.dump([os.getpgid(0), os.nice(0), 'imported_before_the_fork' in sys.modules], open(argv[0], 'w'))\n"
+        "    return 0\n"
+        "def sleep(argv):\n"
+        "    time.sleep(60)\n"
+        "    return 0\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", IN_SPARE, str(REPO), str(tmp_path / "where")],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    first_status, first_pid, second_status, second_pid, stopped, seconds = json.loads(done.stdout)
+    assert (first_status, second_status) == (0, 0)
+    first = json.loads((tmp_path / "where.1").read_text())
+    second = json.loads((tmp_path / "where.2").read_text())
+    assert first == [first_pid, 7, True], "the spare: forked after the import"
+    assert second == [second_pid, 7, False], "a new interpreter"
+    assert stopped == -9 and seconds < 10

@@ -11,6 +11,7 @@ import array
 import importlib
 import json
 import os
+import pickle
 import platform
 import random
 import re
@@ -25,6 +26,7 @@ from typing import Any
 
 import jinja2
 import pytest
+import torch
 
 from shimgen.build.meson import first_error as meson_first_error
 from shimgen.build.meson import unit_name
@@ -43,6 +45,7 @@ from shimgen.inductor.codegen import (
 )
 from shimgen.inductor.kernel_choice import _keeping_input_layouts, locked_keys
 from shimgen.inductor.openmp import gemm_threads_from_caller, serial_fast_paths
+from shimgen.package import cpp as package_cpp
 from shimgen.package import wheel as package_wheel
 from shimgen.package.verify import Report
 from shimgen.package.wheel import write_wheel
@@ -782,6 +785,29 @@ def test_write_wheel_stores_float_data_and_deflates_text(tmp_path: Path) -> None
         assert zf.testzip() is None
 
 
+def test_cpp_archive_stores_weights_deflates_the_rest_and_unpacks_with_tar(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    members = {
+        name.replace("pkg/", "lib/pkg/"): data
+        for name, (data, _) in wheel_members().items()
+        if not name.startswith("pkg-0.1.dist-info")
+    }
+    for name, data in members.items():
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_bytes(data)
+    archive = package_cpp.pack(tree, "pkg-cpp", 315532800)
+    assert archive == package_cpp.pack(tree, "pkg-cpp", 315532800)
+    code = members["lib/pkg/__init__.py"]
+    stored = sum(len(data) for name, data in members.items() if not name.endswith("__init__.py"))
+    assert stored < len(archive) < stored + len(code) // 4  # the weights as they are, the code deflated
+    (tmp_path / "pkg.tar.gz").write_bytes(archive)
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xzf", str(tmp_path / "pkg.tar.gz"), "-C", str(unpacked)], check=True)
+    for name, data in members.items():
+        assert (unpacked / "pkg-cpp" / name).read_bytes() == data, name
+
+
 def test_write_wheel_of_the_same_members_is_byte_identical(tmp_path: Path) -> None:
     members = wheel_members()
     write_wheel(tmp_path / "a.whl", members, 315532800)
@@ -1439,3 +1465,73 @@ def test_error_message_is_the_compilers_first_error_without_its_place() -> None:
         "  777 |     auto tmp = decltype(x)::blendv(a, b, m);\n"
     )
     assert error_message(detail) == "‘decltype’ evaluates to ‘float’, which is not a class"
+
+
+# --- package check: the traced programs' references computed ahead ---------------------------------------------------
+
+
+class _Counting(torch.nn.Module):
+    """out = x * count after count += 1: a graph with state, its outputs flat as shimgen traces them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        self.count.add_(1.0)
+        return (x * self.count,)
+
+
+class _CountingPackage:
+    """What a built package of `_Counting` offers the check: it computes `x * count * scale` and reports its count
+    times `reported`."""
+
+    def __init__(self, scale: float, reported: float = 1.0) -> None:
+        self.scale, self.reported, self.count = scale, reported, torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.count += 1.0
+        return x * self.count * self.scale
+
+    def reset_state(self) -> None:
+        self.count = torch.zeros(())
+
+    def state(self, device: str, graph: str) -> dict[str, torch.Tensor]:
+        return {"count": self.count * self.reported}
+
+
+def test_package_check_takes_the_references_computed_ahead_state_included(tmp_path: Path) -> None:
+    from shimgen.package import verify
+
+    graph = Graph(
+        name="forward",
+        entry="models.counting:counting",
+        inputs=[Input(name="x", shape=["batch", 4])],
+        dims={"batch": Dim(min=1, max=8, example=2)},
+    )
+    program = torch.export.export(
+        _Counting(), (torch.ones(2, 4),), dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)
+    )
+    torch.export.save(program, tmp_path / "forward.pt2")
+    (name,) = [n for n, _ in program.named_buffers()]
+    plan = verify.Plan(
+        package="counting",
+        graphs=(
+            verify.GraphModels(
+                graph=graph, where="graph[0]", device="cpu", programs=(((), tmp_path / "forward.pt2"),), state=(name,)
+            ),
+        ),
+    )
+    (tmp_path / "plan.pickle").write_bytes(pickle.dumps(plan))
+    assert verify.references([str(tmp_path / "plan.pickle"), str(tmp_path / "references.pt")]) == 0
+    ahead = replace(plan, references=tmp_path / "references.pt")
+    for checked, beforehand in ((ahead, 3), (plan, 0)):
+        report = verify.Report()
+        verify.run(checked, _CountingPackage(1.0), report, lambda r: None)
+        assert (report.failure, len(report.cases), report.beforehand) == ("", 3, beforehand)
+        report = verify.Report()
+        verify.run(checked, _CountingPackage(1.5), report, lambda r: None)
+        assert report.failure.startswith("graph[0] (forward, cpu) at smallest (batch=1): output 0 differs"), report
+        report = verify.Report()
+        verify.run(checked, _CountingPackage(1.0, reported=2.0), report, lambda r: None)
+        assert report.failure.endswith("at smallest (batch=1): the state 'count' differs from the traced program's")
