@@ -354,6 +354,7 @@ class Job:
     tuning: Tuning
     shared: SharedCache | None
     verify: bool
+    program_weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # _program_weights'
 
 
 def _build(
@@ -721,6 +722,7 @@ def _generate_all(
                 shared_cache.store(job.shared, "codegen", shared_key, generated, {"ROOT": task.out_dir})
         code[name] = generated
 
+    job.program_weights.clear()
     _run(job, "codegen", to_generate, workers.run_codegen, record_codegen)
     units = []
     for t in spec.target:
@@ -903,22 +905,35 @@ def _known_codegen(job: Job, name: str, traced: TraceResult, key: str) -> Codege
 def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: CodegenResult) -> CodegenResult | None:
     """The weights file of up-to-date code made again from the traced program's weights (only their values changed);
     None where the model's constants are not all plain weights of the program (then codegen makes them)."""
-    import torch
 
     assert generated.weights_file is not None and generated.constants is not None
     with job.timeline.stage("weights", name):
-        entry.import_op_modules(traced.op_modules, name)
-        program = torch.export.load(str(traced.program))
+        tensors = _program_weights(job, name, traced)
         _unrecorded_while_rewritten(job, name, generated)
         if not weights.write_from_tensors(
             weights.read_constants(generated.constants),
-            {**program.state_dict, **program.constants},
+            tensors,
             generated.weights_file,
         ):
             return None
     generated = dataclasses.replace(generated, weights_digest=traced.weights)
     job.state.commit(f"unit:codegen:{name}", generated)
     return generated
+
+
+def _program_weights(job: Job, name: str, traced: TraceResult) -> dict[str, Any]:
+    """The traced program's weights and constants by name, loaded once per build for the programs that have the same
+    values (a graph's dynamic program and its variants')."""
+    import torch
+
+    found = job.program_weights.get(traced.weights) if traced.weights else None
+    if found is None:
+        entry.import_op_modules(traced.op_modules, name)
+        program = torch.export.load(str(traced.program))
+        found = {**program.state_dict, **program.constants}
+        if traced.weights:
+            job.program_weights[traced.weights] = found
+    return found
 
 
 def _unrecorded_while_rewritten(job: Job, name: str, generated: CodegenResult) -> None:
@@ -933,7 +948,6 @@ def _refitted_codegen(
     """The last build's code where only the weights' values changed and the code depends on them through freezing
     alone: its weights file made again by the refit programs the build recorded (inductor/refit.py), as load_weights()
     does, instead of generating and compiling the code again. None: codegen runs."""
-    import torch
 
     flags = job.spec.flags
     if job.tuning.retune or flags.weights == "embedded" or not flags.freezing:
@@ -949,12 +963,11 @@ def _refitted_codegen(
     ):
         return None
     with job.timeline.stage("weights", f"{name} (refit)"):
-        entry.import_op_modules(traced.op_modules, name)
-        program = torch.export.load(str(traced.program))
+        tensors = _program_weights(job, name, traced)
         _unrecorded_while_rewritten(job, name, last)
         if not weights.write_refitted(
             weights.read_constants(last.constants),
-            {**program.state_dict, **program.constants},
+            tensors,
             json.loads(last.refit.read_text()),
             target.device,
             last.weights_file,

