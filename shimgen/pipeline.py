@@ -354,7 +354,7 @@ class Job:
     tuning: Tuning
     shared: SharedCache | None
     verify: bool
-    program_weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # _program_weights'
+    program_weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # _program_weights, by TraceResult.weights
 
 
 def _build(
