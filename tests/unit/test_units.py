@@ -1500,7 +1500,8 @@ class _CountingPackage:
         return {"count": self.count * self.reported}
 
 
-def test_package_check_takes_the_references_computed_ahead_state_included(tmp_path: Path) -> None:
+def _counting_plan(tmp_path: Path) -> Any:
+    """A verify.Plan of `_Counting` traced for batch 1-8, pickled to tmp_path/plan.pickle."""
     from shimgen.package import verify
 
     graph = Graph(
@@ -1523,6 +1524,13 @@ def test_package_check_takes_the_references_computed_ahead_state_included(tmp_pa
         ),
     )
     (tmp_path / "plan.pickle").write_bytes(pickle.dumps(plan))
+    return plan
+
+
+def test_package_check_takes_the_references_computed_ahead_state_included(tmp_path: Path) -> None:
+    from shimgen.package import verify
+
+    plan = _counting_plan(tmp_path)
     assert verify.references([str(tmp_path / "plan.pickle"), str(tmp_path / "references.pt")]) == 0
     ahead = replace(plan, references=tmp_path / "references.pt")
     for checked, beforehand in ((ahead, 3), (plan, 0)):
@@ -1535,3 +1543,16 @@ def test_package_check_takes_the_references_computed_ahead_state_included(tmp_pa
         report = verify.Report()
         verify.run(checked, _CountingPackage(1.0, reported=2.0), report, lambda r: None)
         assert report.failure.endswith("at smallest (batch=1): the state 'count' differs from the traced program's")
+
+
+def test_package_check_computes_what_the_references_left_from_the_state_they_reached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shimgen.package import verify
+
+    plan = _counting_plan(tmp_path)
+    monkeypatch.setattr(verify, "REFERENCE_BYTES_LIMIT", 20)  # the first case's output (1 x 4 floats) and count
+    assert verify.references([str(tmp_path / "plan.pickle"), str(tmp_path / "references.pt")]) == 0
+    report = verify.Report()
+    verify.run(replace(plan, references=tmp_path / "references.pt"), _CountingPackage(1.0), report, lambda r: None)
+    assert (report.failure, len(report.cases), report.beforehand) == ("", 3, 1)
