@@ -399,9 +399,9 @@ def _build(
     )
     references: ReferenceRun | None = None
 
-    def traced(programs: list[UnitPrograms]) -> None:
+    def traced(programs: list[UnitPrograms], settled: set[str]) -> None:
         nonlocal references
-        references = _reference_run(job, programs, codegen_ahead=True)
+        references = _reference_run(job, programs, settled, codegen_ahead=True)
 
     try:
         units = _generate_all(job, {}, traced)
@@ -409,7 +409,7 @@ def _build(
             "unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")}
         )
         if references is None:
-            references = _reference_run(job, [_programs_of(u) for u in units], codegen_ahead=False)
+            references = _reference_run(job, [_programs_of(u) for u in units], _checked(units), codegen_ahead=False)
         return _package_all(job, tools, units, references)
     finally:
         if references is not None:
@@ -491,6 +491,7 @@ def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: Refe
             "skipped": list(packaged.verify_skipped),
             "seconds": packaged.verify_seconds,
             "beforehand": packaged.verify_beforehand,
+            "settled": list(packaged.verify_settled),
         },
     )
 
@@ -599,12 +600,13 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
 
 
 def _generate_all(
-    job: Job, scalar: dict[str, str], traced_all: Callable[[list[UnitPrograms]], None] | None = None
+    job: Job, scalar: dict[str, str], traced_all: Callable[[list[UnitPrograms], set[str]], None] | None = None
 ) -> list[Unit]:
     """Every graph on every target traced and generated, its dynamic code and each specialized variant, or taken from
     the last build (or the shared cache) where up to date. The traces to make run at once in worker processes, then the
-    codegens (shimgen/build/workers.py); `traced_all` is told the programs in between. The units named in `scalar`, and
-    those the lockfile says so of, get CPU kernels without vectorization (why, by unit)."""
+    codegens (shimgen/build/workers.py); `traced_all` is told the programs in between, and the units whose checked code
+    will most likely be kept (`_keeps_checked_code`). The units named in `scalar`, and those the lockfile says so of,
+    get CPU kernels without vectorization (why, by unit)."""
     spec, layout, state = job.spec, job.layout, job.state
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
     works = [
@@ -655,24 +657,30 @@ def _generate_all(
         _run(job, "trace", to_trace, workers.run_trace, record_trace)
         pending = variants.left_out(works, traced)
         works += pending
-    if traced_all is not None:
-        traced_all([_traced_programs(works, g, t) for t in spec.target for g in spec.graph])
-    code: dict[str, CodegenResult] = {}
-    to_generate: list[tuple[str, workers.CodegenTask]] = []
-    for name, i, _, target, _ in works:
+    keys = {}
+    for name, _, _, target, _ in works:
         section = lockfile.section(name, job.tc.torch_version)
         locked = [] if job.tuning.retune else job.tuning.locked.timings(section)
         why = scalar.get(name) or ("" if job.tuning.retune else job.tuning.locked.scalar_kernels.get(section, ""))
-        key = codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version, vectorize=not why)
-        generated = _known_codegen(job, name, traced[name], key) or _refitted_codegen(
-            job,
-            name,
-            traced[name],
-            key,
+        keys[name] = (
+            locked,
+            why,
+            codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version, vectorize=not why),
             codegen.codegen_key(
                 traced[name], target, spec.flags, locked, job.tc.torch_version, values=False, vectorize=not why
             ),
-            target,
+        )
+    if traced_all is not None:
+        traced_all(
+            [_traced_programs(works, g, t) for t in spec.target for g in spec.graph],
+            {name for name, (_, _, key, structure) in keys.items() if _keeps_checked_code(job, name, key, structure)},
+        )
+    code: dict[str, CodegenResult] = {}
+    to_generate: list[tuple[str, workers.CodegenTask]] = []
+    for name, i, _, target, _ in works:
+        locked, why, key, structure = keys[name]
+        generated = _known_codegen(job, name, traced[name], key) or _refitted_codegen(
+            job, name, traced[name], key, structure, target
         )
         if generated is not None:
             code[name] = generated
@@ -942,6 +950,24 @@ def _unrecorded_while_rewritten(job: Job, name: str, generated: CodegenResult) -
     job.state.commit(f"unit:codegen:{name}", dataclasses.replace(generated, key="", structure_key=""))
 
 
+def _refits(job: Job) -> bool:
+    """Whether a weights-only edit may keep the code (`_refitted_codegen`)."""
+    flags = job.spec.flags
+    return not job.tuning.retune and flags.weights != "embedded" and flags.freezing
+
+
+def _keeps_checked_code(job: Job, name: str, key: str, structure_key: str) -> bool:
+    """Whether the unit will most likely keep code that passed the package check at every size: the same code key, or
+    the same structure where weights are refitted. A guess made before codegen: the plan made from what the units
+    did keep decides."""
+    last = job.state.get(CodegenResult, f"unit:codegen:{name}", None)
+    return (
+        last is not None
+        and last.checked
+        and (last.key == key or (_refits(job) and last.structure_key == structure_key))
+    )
+
+
 def _refitted_codegen(
     job: Job, name: str, traced: TraceResult, key: str, structure_key: str, target: Target
 ) -> CodegenResult | None:
@@ -949,8 +975,7 @@ def _refitted_codegen(
     alone: its weights file made again by the refit programs the build recorded (inductor/refit.py), as load_weights()
     does, instead of generating and compiling the code again. None: codegen runs."""
 
-    flags = job.spec.flags
-    if job.tuning.retune or flags.weights == "embedded" or not flags.freezing:
+    if not _refits(job):
         return None
     last = job.state.get(CodegenResult, f"unit:codegen:{name}", None)
     if (
@@ -1052,8 +1077,9 @@ def _wheel_from(shared: SharedCache, job: Job, key: str, units: list[Unit]) -> P
                 job.spec.project.name,
                 key,
                 _module_dirs(job),
-                _verify_plan(job, [_programs_of(u) for u in units]),
+                _verify_plan(job, [_programs_of(u) for u in units], _checked(units)),
             )
+    _record_checked(job, units, packaged)
     job.state.commit("wheel", Stamp(key=key))
     return packaged
 
@@ -1115,7 +1141,7 @@ def _package(
         (u.name, layout.project / "src" / u.name / render.weights_file_name(u)) for u in units if u.code.weights_file
     ]
     staged = _staged_cpp(job, key, cpp_archive) if cpp_archive else None
-    plan = _verify_plan(job, [_programs_of(u) for u in units])
+    plan = _verify_plan(job, [_programs_of(u) for u in units], _checked(units))
 
     def stage_cpp(tree: Path, weights_file: Path | None) -> None:
         assert staged is not None
@@ -1140,6 +1166,7 @@ def _package(
             if staged:
                 staged.discard()
             raise
+    _record_checked(job, units, packaged)
     job.state.commit("package", packaged)
     if staged is None:
         return packaged, None
@@ -1193,12 +1220,29 @@ def _programs_of(unit: Unit) -> UnitPrograms:
     return unit.graph, unit.target, [(name, fixed) for (name, _), fixed in zip(unit.generated, sizes, strict=True)]
 
 
-def _reference_run(job: Job, programs: list[UnitPrograms], codegen_ahead: bool) -> ReferenceRun | None:
+def _checked(units: list[Unit]) -> set[str]:
+    """The units whose code passed the package check at every size in an earlier build."""
+    return {name for u in units for name, code in u.generated if code.checked}
+
+
+def _record_checked(job: Job, units: list[Unit], packaged: PackageResult) -> None:
+    """The units' code recorded as checked at every size, where the package check left no case out."""
+    if not job.verify or packaged.verify_skipped:
+        return
+    for u in units:
+        for name, code in u.generated:
+            if not code.checked:
+                job.state.commit(f"unit:codegen:{name}", dataclasses.replace(code, checked=True))
+
+
+def _reference_run(
+    job: Job, programs: list[UnitPrograms], settled: set[str], codegen_ahead: bool
+) -> ReferenceRun | None:
     """What the package check compares with, computed by the traced programs from now on, beside the rest of the
     build, where this build made something (else its package is most likely the last one): once traced, on CPU
     targets (the codegen workers' kernel timings run beside each other already); on a GPU, once generated, never
     beside the GPU's kernel timings."""
-    plan = _verify_plan(job, programs)
+    plan = _verify_plan(job, programs, settled)
     if codegen_ahead:
         made = "trace" in job.timeline.seconds and not any(devices.device(t.device).gpu for t in job.spec.target)
     else:
@@ -1206,8 +1250,9 @@ def _reference_run(job: Job, programs: list[UnitPrograms], codegen_ahead: bool) 
     return ReferenceRun(plan, _module_dirs(job)) if plan is not None and made else None
 
 
-def _verify_plan(job: Job, units: list[UnitPrograms]) -> verify.Plan | None:
-    """What the package is run against before it is installed: each unit's traced programs."""
+def _verify_plan(job: Job, units: list[UnitPrograms], settled: set[str]) -> verify.Plan | None:
+    """What the package is run against before it is installed: each unit's traced programs, those of the `settled`
+    units (code checked before) at one size."""
     if not job.verify:
         return None
     graphs = []
@@ -1228,6 +1273,7 @@ def _verify_plan(job: Job, units: list[UnitPrograms]) -> verify.Plan | None:
                 device=target.device,
                 programs=tuple(programs),
                 state=state,
+                settled=tuple(name in settled for name, _ in names),
             )
         )
     return verify.Plan(

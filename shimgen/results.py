@@ -141,6 +141,7 @@ class CodegenResult:
     unused_weights: tuple[str, ...] = ()  # the program's weights the model does not take (weights.unused_weights)
     state: tuple[str, ...] = ()  # the weights the model mutates (TraceResult.state)
     scalar_kernels: str = ""  # why its CPU kernels are not vectorized: the compiler refused the vectorized ones
+    checked: bool = False  # a package check ran this code at every size (its weights may since have been refitted)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -272,6 +273,7 @@ class PackageResult:
     verify_skipped: tuple[str, ...] = ()
     verify_seconds: float = 0.0
     verify_beforehand: int = 0  # verify.Report.beforehand
+    verify_settled: tuple[str, ...] = ()  # verify.Report.settled
     weights_file: Path | None = None  # flags.weights = "external": the weights, beside the wheel
     platform_reason: str = ""  # why the wheel has no manylinux tag, where it has none
 

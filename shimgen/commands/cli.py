@@ -333,6 +333,11 @@ def _print_summary(result: BuildOutput) -> None:
             f"  verified against the traced programs in {result.verified['seconds']:.1f}s: {len(result.verified['cases'])} calls",
             file=err,
         )
+    if result.verified.get("settled"):
+        print(
+            f"  not run again: {len(result.verified['settled'])} calls of code that passed them in an earlier build",
+            file=err,
+        )
     for skipped in result.verified.get("skipped", []):
         print(f"  not verified: {skipped}", file=err)
     if result.slowest_units:

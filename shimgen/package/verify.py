@@ -1,7 +1,8 @@
 """Verify stage: a built package, before it replaces the previous one, is imported in a fresh interpreter and each graph
 runs once at its smallest, example and largest sizes, and at each specialized variant's, against the program it was
 compiled from. A build whose package fails a call or computes something else fails, naming the graph, the sizes and the
-first differing output; the previous good package stays.
+first differing output; the previous good package stays. Code that passed every size in an earlier build (its weights
+refitted since, or nothing changed) runs at one size (`settled_cases`).
 
 The program each call is compared with is the traced one that serves those sizes (the variant's where one does), run by
 torch as it was exported: what the compiled code must compute, independent of the eager model and its modules. Both
@@ -9,7 +10,8 @@ sides run the same inputs in the same order from the same initial state, so grap
 are compared too, state included.
 
 What the programs compute does not depend on the package: `ReferenceRun` has it computed (`references`) in a process of its
-own while the build compiles, and the check then runs the package, and the programs only for what that left out.
+own while the build compiles. The check runs the package while that process finishes, compares once it has, and runs the
+programs only for what it left out.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class GraphModels:
         tuple[tuple[tuple[str, int], ...], Path], ...
     ]  # ((dim, size) ..., program): the dynamic one first, fixing nothing
     state: tuple[str, ...] = ()  # the names of the state it mutates (package.state's keys)
+    # by program: its code passed the check at every size before (CodegenResult.checked), so it runs at one size
+    settled: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +66,7 @@ class Plan:
     graphs: tuple[GraphModels, ...]
     op_modules: tuple[str, ...] = ()  # [[custom_op]] modules and trace op_modules: the traced programs call their ops
     references: Path | None = None  # what `references` wrote for this plan
+    references_writer: int | None = None  # the process writing `references` while the check runs; None: written
 
 
 @dataclass
@@ -74,6 +79,7 @@ class Report:
     failure: str = ""
     seconds: float = 0.0
     beforehand: int = 0  # cases whose traced program ran ahead, beside the build (`ReferenceRun`)
+    settled: list[str] = field(default_factory=list)  # cases left out: their code passed them before (`settled_cases`)
 
 
 def cases(graph: Graph, fixed: list[dict[str, int]]) -> list[tuple[str, dict[str, int]]]:
@@ -91,6 +97,22 @@ def cases(graph: Graph, fixed: list[dict[str, int]]) -> list[tuple[str, dict[str
         if all(sizes != seen for _, seen in out):
             out.append((f"{kind} ({label(sizes)})" if sizes else kind, sizes))
     return out
+
+
+def settled_cases(models: GraphModels, listed: list[tuple[str, dict[str, int]]]) -> set[int]:
+    """The cases (indices into `listed`) left out: those of a program whose code passed the check at every size before,
+    but one, its example where it serves it. Its code is the same; only its weights, or the package around it, may
+    have changed, which any size shows."""
+    served: dict[Path, list[int]] = {}
+    for n, (_, sizes) in enumerate(listed):
+        served.setdefault(program_for(models, sizes), []).append(n)
+    left: set[int] = set()
+    for (_, program), settled in zip(models.programs, models.settled, strict=False):
+        indices = served.get(program, [])
+        if settled and indices:
+            kept = next((n for n in indices if listed[n][0].startswith("example")), indices[0])
+            left.update(n for n in indices if n != kept)
+    return left
 
 
 def label(sizes: dict[str, int]) -> str:
@@ -118,37 +140,128 @@ def input_bytes(graph: Graph, sizes: dict[str, int]) -> int:
 
 
 def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
-    """Each graph's cases through `package` and through its traced programs; the first difference in `report.failure`."""
+    """Each graph's cases through `package` and through its traced programs; the first difference in `report.failure`.
+    While `references` are still being written, the package's calls go ahead, and are compared once they are there."""
     import torch
 
     programs = _Programs()
-    known = torch.load(plan.references, weights_only=True) if plan.references else {}
-    for models, where, sizes, inputs in _cases(plan, report.skipped):
-        if models.state and programs.graph is not models:  # each graph starts from the initial state
+    known = _References(plan)
+    called: list[_Call] = []
+    held = 0
+    graph: GraphModels | None = None
+    for models, where, sizes, inputs in _cases(plan, report.skipped, report.settled):
+        if models.state and graph is not models:  # each graph starts from the initial state
             package.reset_state()
+        graph = models
         report.running = where
         write(report)
+        ahead = known.pending()
         with torch.no_grad(), float32_as_float32():
             try:
                 got = call_model(getattr(package, models.graph.name), models.graph, inputs)
             except Exception as exc:
                 report.failure = f"{where}: the call failed: {type(exc).__name__}: {_first_line(exc)}"
                 return
+        call = _Call(models, where, sizes, inputs, internals.tensor_leaves(got), _package_state(package, models))
+        if ahead:  # kept until compared: what the package returns may be reused by its next call
+            call = dataclasses.replace(call, got=[t.clone() for t in call.got])
+        called.append(call)
+        held += _bytes([*call.inputs, *call.got, *call.state.values()])
+        if ahead and held <= REFERENCE_BYTES_LIMIT:
+            continue
+        if not _compare(called, known, programs, report, write):
+            return
+        called, held = [], 0
+    if _compare(called, known, programs, report, write):
+        report.running = ""
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One case run through the package: what it returned (flat) and the state it left."""
+
+    models: GraphModels
+    where: str
+    sizes: dict[str, int]
+    inputs: list[Any]
+    got: list[Any]
+    state: dict[str, Any]
+
+
+def _package_state(package: Any, models: GraphModels) -> dict[str, Any]:
+    if not models.state:
+        return {}
+    return {name: t.clone() for name, t in package.state(models.device, models.graph.name).items()}
+
+
+def _bytes(tensors: list[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _compare(called: list[_Call], known: _References, programs: _Programs, report: Report, write: Any) -> bool:
+    """Each call against what its traced program computes, in order; False at the first difference."""
+    import torch
+
+    for call in called:
+        report.running = call.where
+        write(report)
+        references = known.get(call.where)
+        with torch.no_grad(), float32_as_float32():
             try:
-                want, want_state = programs.run(models, where, sizes, inputs, known.get(where))
+                want, want_state = programs.run(call.models, call.where, call.sizes, call.inputs, references)
             except _NotLoaded as exc:
                 report.failure = str(exc)
-                return
-        report.beforehand += where in known
+                return False
+        report.beforehand += references is not None
         try:
-            difference = _difference(models.graph, want, got) or _state_difference(models, want_state, package)
+            difference = _difference(call.models.graph, want, call.got) or _state_difference(
+                call.models, want_state, call.state
+            )
         except Exception as exc:
             difference = f"its output or state cannot be compared with the traced program's: {type(exc).__name__}: {_first_line(exc)}"
         if difference:
-            report.failure = f"{where}: {difference}"
-            return
-        report.cases.append(where)
-    report.running = ""
+            report.failure = f"{call.where}: {difference}"
+            return False
+        report.cases.append(call.where)
+    return True
+
+
+class _References:
+    """What `references` wrote for the plan, loaded once its writer has ended (at once where it has none)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.path, self.writer = plan.references, plan.references_writer
+        self._known: dict[str, Any] | None = None
+
+    def pending(self) -> bool:
+        """Whether the writer is still computing them."""
+        if self._known is not None or self.path is None or self.writer is None:
+            return False
+        return not self.path.exists() and _running(self.writer)
+
+    def get(self, where: str) -> Any:
+        if self._known is None:
+            while self.pending():
+                time.sleep(0.01)
+            self._known = {}
+            if self.path is not None and self.path.is_file():
+                import torch
+
+                try:
+                    self._known = torch.load(self.path, weights_only=True)
+                except Exception:  # noqa: BLE001  (the check computes them all itself)
+                    pass
+        return self._known.get(where)
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid`, a child of the build that has not been waited for, still runs: once it ends it is a zombie
+    until the build waits, so its pid is not another process's."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def references(argv: list[str]) -> int:
@@ -164,7 +277,7 @@ def references(argv: list[str]) -> int:
     programs = _Programs()
     known: dict[str, tuple[list[Any], dict[str, Any]]] = {}
     size = 0
-    for models, where, sizes, inputs in _cases(plan, []):
+    for models, where, sizes, inputs in _cases(plan, [], []):
         with torch.no_grad(), float32_as_float32():
             want, want_state = programs.run(models, where, sizes, inputs)
         size += sum(t.numel() * t.element_size() for t in [*want, *want_state.values()])
@@ -192,20 +305,22 @@ class ReferenceRun:
             fresh=plan.op_modules,
         )
 
-    def finished(self) -> Plan:
-        """The plan with its references once the process has ended; without them where it failed."""
-        if self._process.wait() == 0 and self._out.is_file():
-            return dataclasses.replace(self.plan, references=self._out)
-        return self.plan
+    def for_check(self) -> Plan:
+        """The plan with its references: the file and, while it is being written, the process writing it."""
+        writer = None if self._process.status is not None else self._process.pid
+        return dataclasses.replace(self.plan, references=self._out, references_writer=writer)
 
     def stop(self) -> None:
         self._process.stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _cases(plan: Plan, skipped: list[str]) -> Iterator[tuple[GraphModels, str, dict[str, int], list[Any]]]:
+def _cases(
+    plan: Plan, skipped: list[str], settled: list[str]
+) -> Iterator[tuple[GraphModels, str, dict[str, int], list[Any]]]:
     """(graph, where, sizes, inputs) of each case to run, in order; the graphs on a device this machine lacks, and the
-    cases whose inputs are over INPUT_BYTES_LIMIT, added to `skipped` instead."""
+    cases whose inputs are over INPUT_BYTES_LIMIT, added to `skipped` instead, and those `settled_cases` leaves out to
+    `settled`."""
     import importlib
 
     compat.check(compat.TRACE)
@@ -216,9 +331,13 @@ def _cases(plan: Plan, skipped: list[str]) -> Iterator[tuple[GraphModels, str, d
         if not devices.device(models.device).available():
             skipped.append(f"{graph.name} ({models.device}): no GPU on this machine")
             continue
-        fixed = [dict(f) for f, _ in models.programs[1:]]
-        for n, (case, sizes) in enumerate(cases(graph, fixed)):
+        listed = cases(graph, [dict(f) for f, _ in models.programs[1:]])
+        left = settled_cases(models, listed)
+        for n, (case, sizes) in enumerate(listed):
             where = f"{models.where} ({graph.name}, {models.device}) at {case}"
+            if n in left:
+                settled.append(where)
+                continue
             if input_bytes(graph, sizes) > INPUT_BYTES_LIMIT:
                 skipped.append(f"{where}: inputs over {INPUT_BYTES_LIMIT >> 20} MiB")
                 continue
@@ -296,14 +415,13 @@ def _signature(t: Any) -> str:
     return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
 
 
-def _state_difference(models: GraphModels, want: dict[str, Any], package: Any) -> str:
-    """How the package's state differs from the state the program's calls left; empty where it does not."""
+def _state_difference(models: GraphModels, want: dict[str, Any], have: dict[str, Any]) -> str:
+    """How the package's state (`have`) differs from the state the program's calls left; empty where it does not."""
     import torch
 
     if not models.state:
         return ""
     graph = models.graph
-    have = package.state(models.device, graph.name)
     for name in models.state:
         got = have.get(name.removeprefix(WEIGHT_PREFIX))
         if name not in want or got is None:

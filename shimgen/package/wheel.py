@@ -245,7 +245,7 @@ def _check(
     """The unpacked package imported in a fresh interpreter (an "external" package given `weights_file` through its
     variable, as a user gives it) and, given a plan, its graphs run against their traced programs
     (shimgen/package/verify.py); where either fails, `staging` is removed and the build fails."""
-    plan = given.finished() if isinstance(given, verify.ReferenceRun) else given
+    plan = given.for_check() if isinstance(given, verify.ReferenceRun) else given
     with tempfile.TemporaryDirectory(prefix="shimgen-verify-") as tmp:
         plan_file, report_file = Path(tmp) / "plan.pickle", Path(tmp) / "report.json"
         if plan is not None:
@@ -327,4 +327,5 @@ def _install(
         verify_skipped=tuple(report.skipped),
         verify_seconds=report.seconds,
         verify_beforehand=report.beforehand,
+        verify_settled=tuple(report.settled),
     )

@@ -303,8 +303,11 @@ def test_with_freezing_a_state_dict_refits_the_folded_constants_as_a_rebuild_com
     rebuilt = build_json(spec, tmp_path / "out")
     assert "codegen:forward_cpu (weights refitted)" in rebuilt["skipped"] and "codegen" not in rebuilt["stages"]
     assert rebuilt["compiled_units"]["done"] == 0
+    # The code passed the check at batch 1, 4 and 32 in the first build; with new weights it runs at the example.
+    assert [c.rpartition(" at ")[2] for c in rebuilt["verified"]["cases"]] == ["example (batch=4)"], rebuilt["verified"]
+    assert len(built["verified"]["cases"]) == len(rebuilt["verified"]["settled"]) + 1 == 3
     fresh = build_json(spec, tmp_path / "fresh")
-    assert "codegen" in fresh["stages"]
+    assert "codegen" in fresh["stages"] and len(fresh["verified"]["cases"]) == 3
     assert Path(fresh["wheel"]).read_bytes() == Path(rebuilt["wheel"]).read_bytes()
     new_file = Path(rebuilt["package_dir"]) / "frozen" / "forward_cpu.safetensors"
     new = str(spec.parent / "weights.pt")

@@ -1556,3 +1556,60 @@ def test_package_check_computes_what_the_references_left_from_the_state_they_rea
     report = verify.Report()
     verify.run(replace(plan, references=tmp_path / "references.pt"), _CountingPackage(1.0), report, lambda r: None)
     assert (report.failure, len(report.cases), report.beforehand) == ("", 3, 1)
+
+
+class _WatchedPackage(_CountingPackage):
+    """`_CountingPackage` that records, at each call, whether `references` existed yet."""
+
+    def __init__(self, references: Path) -> None:
+        super().__init__(1.0)
+        self.references, self.seen = references, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(self.references.exists())
+        return super().forward(x)
+
+
+def test_package_check_calls_the_package_while_its_references_are_written(tmp_path: Path) -> None:
+    from shimgen.package import verify
+
+    plan = _counting_plan(tmp_path)
+    script = (
+        "import sys, time; delay = float(sys.argv[3]); delay < 0 and sys.exit(1); time.sleep(delay); "
+        "from shimgen.package import verify; sys.exit(verify.references(sys.argv[1:3]))"
+    )
+    for delay, beforehand in ((3.0, 3), (-1.0, 0)):  # -1: the writer ends without writing anything
+        out = tmp_path / f"references{delay}.pt"
+        writer = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "plan.pickle"), str(out), str(delay)])
+        try:
+            package = _WatchedPackage(out)
+            report = verify.Report()
+            verify.run(replace(plan, references=out, references_writer=writer.pid), package, report, lambda r: None)
+            assert (report.failure, len(report.cases), report.beforehand) == ("", 3, beforehand)
+            assert package.seen == [False] * 3
+            assert out.exists() == (beforehand > 0)
+        finally:
+            writer.kill()
+            writer.wait()
+
+
+def test_package_check_runs_code_that_passed_every_size_before_at_one_size(tmp_path: Path) -> None:
+    from shimgen.package import verify
+
+    plan = _counting_plan(tmp_path)
+    (models,) = plan.graphs
+    report = verify.Report()
+    verify.run(replace(plan, graphs=(replace(models, settled=(True,)),)), _CountingPackage(1.0), report, lambda r: None)
+    assert report.cases == ["graph[0] (forward, cpu) at example (batch=2)"], report
+    assert [c.rpartition(" at ")[2] for c in report.settled] == ["smallest (batch=1)", "largest (batch=8)"]
+    report = verify.Report()
+    verify.run(replace(plan, graphs=(replace(models, settled=(True,)),)), _CountingPackage(1.5), report, lambda r: None)
+    assert "at example (batch=2): output 0 differs" in report.failure, report
+
+    # A variant's program serves its own sizes: the dynamic program's settled cases leave it be, and the other way round.
+    variant = replace(models, programs=(*models.programs, ((("batch", 1),), tmp_path / "forward__batch1.pt2")))
+    listed = verify.cases(models.graph, [{"batch": 1}])
+    assert [label for label, _ in listed] == ["smallest (batch=1)", "example (batch=2)", "largest (batch=8)"]
+    assert verify.settled_cases(replace(variant, settled=(True, False)), listed) == {2}
+    assert verify.settled_cases(replace(variant, settled=(False, True)), listed) == set()
+    assert verify.settled_cases(replace(variant, settled=(False, False)), listed) == set()
