@@ -216,6 +216,8 @@ def render_project(
     name = spec.project.name
     external = spec.flags.weights == "external"
     files: dict[Path, str | bytes] = {}
+    made_from: dict[Path, str] = {}  # weights files: what they are made from, in the project's key for their bytes
+    kept: set[Path] = set()  # files left as they are
     binding = env.get_template("project/binding.cpp.j2")
     cpp_skipped = cpp_package_skipped(spec, units)
     target_ids = " and ".join(target_id(t) for t in spec.target)
@@ -258,11 +260,13 @@ def render_project(
         # The compiled code the weights are laid out for: the models' constants tables and the kernels that read them.
         layout = stage_key(target_id(u.target), [file_hash(p) for _, c in u.generated for p in (c.model, *c.kernels)])
         if u.code.weights_file:
-            files[out / "src" / u.name / weights_file_name(u)] = weights.unit_file(
-                u.code.weights_file,
-                [(v.name, v.code.weights_file) for v in u.variants if v.code.weights_file],
-                layout,
-            )
+            path = out / "src" / u.name / weights_file_name(u)
+            made_from[path] = stage_key(layout, [(c.key, c.weights_digest) for _, c in u.generated if c.weights_file])
+            made = _unit_weights(u, layout, path, made_from[path])
+            files[path] = b"" if made is None else made
+            if made is None:
+                kept.add(path)
+            files[_made_from_record(path)] = made_from[path]
         context = _binding_context(u, tc, spec, target_ids)
         files[out / "src" / u.name / "graph_spec.h"] = env.get_template("project/graph_spec.h.j2").render(context)
         files[out / "src" / u.name / "binding.cpp"] = binding.render(context)
@@ -396,12 +400,13 @@ def render_project(
         files[out / name / runtime_module] = (RUNTIME / runtime_module).read_text()
     for runtime_file in PROJECT_HEADERS + (("embed_kernel.py",) if cuda else ()):
         files[out / "src" / runtime_file] = (RUNTIME / runtime_file).read_text()
-    for path, content in files.items():
-        write_if_changed(path, content)
+    for path, content in files.items():  # a weights file before its record
+        if path not in kept:
+            write_if_changed(path, content)
     _remove_stale(out, set(files))
     digest = hashlib.sha256()
     for path in sorted(files):
-        content = files[path]
+        content = made_from.get(path, files[path])
         digest.update(
             f"{path.relative_to(out)}\0".encode() + (content.encode() if isinstance(content, str) else content)
         )
@@ -415,6 +420,23 @@ def readme(name: str, description: str, target_ids: str, docstrings: dict[str, s
     for graph, text in docstrings.items():
         lines += [f"## `{name}.{graph}`", "", "```text", text.rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def _made_from_record(weights_file: Path) -> Path:
+    return weights_file.with_name(weights_file.name + ".made-from")
+
+
+def _unit_weights(u: Unit, layout: str, path: Path, made_from: str) -> bytes | None:
+    """The unit's weights file (`weights.unit_file`, 91 MB for ResNet-18); None where the file there was made from the
+    same code and weights (its record, written after it, says so)."""
+    record = _made_from_record(path)
+    if path.is_file() and record.is_file() and record.read_text() == made_from:
+        return None
+    record.unlink(missing_ok=True)  # until the new file is written
+    assert u.code.weights_file is not None
+    return weights.unit_file(
+        u.code.weights_file, [(v.name, v.code.weights_file) for v in u.variants if v.code.weights_file], layout
+    )
 
 
 def weights_file_name(unit: Unit) -> str:

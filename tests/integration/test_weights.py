@@ -275,9 +275,17 @@ def test_calls_in_flight_finish_on_the_weights_they_started_with(
 
 def test_a_new_checkpoint_rebuilds_only_the_weights(unfrozen: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
     spec, first = unfrozen
+    # The generated project's weights file: a build with nothing changed leaves it as it is, a new checkpoint writes it.
+    project_file = Path(first["package_dir"]).parent / "project" / "src" / "forward_cpu" / "forward_cpu.safetensors"
+    written = project_file.stat().st_mtime_ns
+    same = build_json(spec, spec.parent / "out")
+    assert project_file.stat().st_mtime_ns == written and "package" in same["skipped"]
+    assert Path(same["wheel"]).read_bytes() == Path(first["wheel"]).read_bytes()
+    before = project_file.read_bytes()
     torch.save(weights(2), spec.parent / "weights.pt")
     try:
         again = build_json(spec, spec.parent / "out")
+        assert project_file.read_bytes() != before
         assert "codegen:forward_cpu" in again["skipped"] and "weights" in again["stages"]
         assert again["compiled_units"]["done"] == 0
         results = run(

@@ -1613,3 +1613,25 @@ def test_package_check_runs_code_that_passed_every_size_before_at_one_size(tmp_p
     assert verify.settled_cases(replace(variant, settled=(True, False)), listed) == {2}
     assert verify.settled_cases(replace(variant, settled=(False, True)), listed) == set()
     assert verify.settled_cases(replace(variant, settled=(False, False)), listed) == set()
+
+
+def test_a_unit_weights_file_is_made_again_only_when_what_it_is_made_from_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from shimgen.project import render
+
+    made: list[Any] = []
+    monkeypatch.setattr(render.weights, "unit_file", lambda *args: made.append(args) or b"weights")
+    unit: Any = SimpleNamespace(code=SimpleNamespace(weights_file=tmp_path / "codegen.safetensors"), variants=[])
+    path = tmp_path / "src" / "forward_cpu.safetensors"
+    record = path.with_name(path.name + ".made-from")
+    assert render._unit_weights(unit, "layout", path, "key 1") == b"weights"  # no file yet
+    path.parent.mkdir()
+    path.write_bytes(b"weights")
+    assert render._unit_weights(unit, "layout", path, "key 1") == b"weights"  # no record of what it was made from
+    record.write_text("key 1")
+    assert render._unit_weights(unit, "layout", path, "key 1") is None and len(made) == 2
+    assert render._unit_weights(unit, "layout", path, "key 2") == b"weights" and len(made) == 3
+    assert not record.exists()  # until the new file is written, after which render writes the new record
