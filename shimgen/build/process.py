@@ -59,16 +59,30 @@ def run(
         lines: list[str] = []
         with proc:
             assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.append(line)
-                if on_line is not None:
-                    on_line(line.rstrip("\n"))
+            try:
+                for line in proc.stdout:
+                    lines.append(line)
+                    if on_line is not None:
+                        on_line(line.rstrip("\n"))
+            except BaseException:
+                # Interrupted (Ctrl-C reaches the program's group too): it ends before the build lets go of its locks,
+                # or its compilers could still write or delete outputs under the next build (Popen waits 0.25 s).
+                _end(proc)
+                raise
             returncode = proc.wait()
         output = "".join(lines)
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(f"$ {' '.join(command)}\n{output}")
     return Completed(tuple(command), returncode, output, log)
+
+
+def _end(proc: subprocess.Popen[str], grace: float = 30.0) -> None:
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _popen(

@@ -218,6 +218,7 @@ def render_project(
     files: dict[Path, str | bytes] = {}
     made_from: dict[Path, str] = {}  # weights files: what they are made from, in the project's key for their bytes
     kept: set[Path] = set()  # files left as they are
+    inputs: dict[Path, list[Path]] = {}  # weights files: the files they are made from
     binding = env.get_template("project/binding.cpp.j2")
     cpp_skipped = cpp_package_skipped(spec, units)
     target_ids = " and ".join(target_id(t) for t in spec.target)
@@ -262,11 +263,11 @@ def render_project(
         if u.code.weights_file:
             path = out / "src" / u.name / weights_file_name(u)
             made_from[path] = stage_key(layout, [(c.key, c.weights_digest) for _, c in u.generated if c.weights_file])
-            made = _unit_weights(u, layout, path, made_from[path])
+            inputs[path] = [c.weights_file for _, c in u.generated if c.weights_file]
+            made = _unit_weights(u, layout, path, made_from[path], inputs[path])
             files[path] = b"" if made is None else made
             if made is None:
                 kept.add(path)
-            files[_made_from_record(path)] = made_from[path]
         context = _binding_context(u, tc, spec, target_ids)
         files[out / "src" / u.name / "graph_spec.h"] = env.get_template("project/graph_spec.h.j2").render(context)
         files[out / "src" / u.name / "binding.cpp"] = binding.render(context)
@@ -400,10 +401,13 @@ def render_project(
         files[out / name / runtime_module] = (RUNTIME / runtime_module).read_text()
     for runtime_file in PROJECT_HEADERS + (("embed_kernel.py",) if cuda else ()):
         files[out / "src" / runtime_file] = (RUNTIME / runtime_file).read_text()
-    for path, content in files.items():  # a weights file before its record
+    for path, content in files.items():
         if path not in kept:
             write_if_changed(path, content)
-    _remove_stale(out, set(files))
+    records = {_made_from_record(path): _made_from(key, path, inputs[path]) for path, key in made_from.items()}
+    for record, text in records.items():  # once its weights file is written
+        write_if_changed(record, text)
+    _remove_stale(out, set(files) | set(records))
     digest = hashlib.sha256()
     for path in sorted(files):
         content = made_from.get(path, files[path])
@@ -426,11 +430,17 @@ def _made_from_record(weights_file: Path) -> Path:
     return weights_file.with_name(weights_file.name + ".made-from")
 
 
-def _unit_weights(u: Unit, layout: str, path: Path, made_from: str) -> bytes | None:
+def _made_from(key: str, path: Path, inputs: list[Path]) -> str:
+    """A weights file's record: the code and weights it holds (`key`), and the size and time of each file it was made
+    from and of itself, so that a file changed outside a build is made again."""
+    return json.dumps([key, [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in (*inputs, path)]]) + "\n"
+
+
+def _unit_weights(u: Unit, layout: str, path: Path, key: str, inputs: list[Path]) -> bytes | None:
     """The unit's weights file (`weights.unit_file`, 91 MB for ResNet-18); None where the file there was made from the
-    same code and weights (its record, written after it, says so)."""
+    same code and weights, and neither it nor its inputs changed since (its record, written after it, says so)."""
     record = _made_from_record(path)
-    if path.is_file() and record.is_file() and record.read_text() == made_from:
+    if path.is_file() and record.is_file() and record.read_text() == _made_from(key, path, inputs):
         return None
     record.unlink(missing_ok=True)  # until the new file is written
     assert u.code.weights_file is not None

@@ -175,3 +175,16 @@ def test_background_work_runs_in_its_spare_below_the_build_and_stops(tmp_path: P
     assert first == [first_pid, 7, True], "the spare: forked after the import"
     assert second == [second_pid, 7, False], "a new interpreter"
     assert stopped == -9 and seconds < 10
+
+
+def test_an_interrupted_run_returns_once_its_program_has_ended(tmp_path: Path) -> None:
+    """Ctrl-C reaches the program too (ninja, say), which then stops what it runs; `run` must not return before that,
+    or the build would let go of its locks while the program still writes into the build directory."""
+    ended = tmp_path / "ended"
+
+    def interrupt(line: str) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        process.run(["sh", "-c", f"echo started; sleep 1; touch {ended}"], on_line=interrupt)
+    assert ended.exists()

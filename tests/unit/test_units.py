@@ -1624,14 +1624,24 @@ def test_a_unit_weights_file_is_made_again_only_when_what_it_is_made_from_change
 
     made: list[Any] = []
     monkeypatch.setattr(render.weights, "unit_file", lambda *args: made.append(args) or b"weights")
-    unit: Any = SimpleNamespace(code=SimpleNamespace(weights_file=tmp_path / "codegen.safetensors"), variants=[])
+    source = tmp_path / "codegen.safetensors"
+    source.write_bytes(b"codegen's")
+    unit: Any = SimpleNamespace(code=SimpleNamespace(weights_file=source), variants=[])
     path = tmp_path / "src" / "forward_cpu.safetensors"
     record = path.with_name(path.name + ".made-from")
-    assert render._unit_weights(unit, "layout", path, "key 1") == b"weights"  # no file yet
+
+    def unit_weights(key: str) -> bytes | None:
+        return render._unit_weights(unit, "layout", path, key, [source])
+
+    assert unit_weights("key 1") == b"weights"  # no file yet
     path.parent.mkdir()
     path.write_bytes(b"weights")
-    assert render._unit_weights(unit, "layout", path, "key 1") == b"weights"  # no record of what it was made from
-    record.write_text("key 1")
-    assert render._unit_weights(unit, "layout", path, "key 1") is None and len(made) == 2
-    assert render._unit_weights(unit, "layout", path, "key 2") == b"weights" and len(made) == 3
-    assert not record.exists()  # until the new file is written, after which render writes the new record
+    assert unit_weights("key 1") == b"weights"  # no record of what it was made from
+    record.write_text(render._made_from("key 1", path, [source]))  # as render writes it, after the file
+    assert unit_weights("key 1") is None and len(made) == 2
+    assert unit_weights("key 2") == b"weights" and len(made) == 3
+    assert not record.exists()  # until the new file is written
+    record.write_text(render._made_from("key 1", path, [source]))
+    time.sleep(0.01)
+    source.write_bytes(b"changed outside a build")
+    assert unit_weights("key 1") == b"weights" and len(made) == 4
