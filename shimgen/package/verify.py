@@ -280,7 +280,7 @@ def references(argv: list[str]) -> int:
     for models, where, sizes, inputs in _cases(plan, [], []):
         with torch.no_grad(), float32_as_float32():
             want, want_state = programs.run(models, where, sizes, inputs)
-        size += sum(t.numel() * t.element_size() for t in [*want, *want_state.values()])
+        size += _bytes([*want, *want_state.values()])
         if size > REFERENCE_BYTES_LIMIT:  # the check computes the rest, from the state the last case kept left
             break
         known[where] = (list(want), want_state)

@@ -280,7 +280,6 @@ def test_a_new_checkpoint_rebuilds_only_the_weights(unfrozen: tuple[Path, dict[s
     written = project_file.stat().st_mtime_ns
     same = build_json(spec, spec.parent / "out")
     assert project_file.stat().st_mtime_ns == written and "package" in same["skipped"]
-    assert Path(same["wheel"]).read_bytes() == Path(first["wheel"]).read_bytes()
     before = project_file.read_bytes()
     torch.save(weights(2), spec.parent / "weights.pt")
     try:
