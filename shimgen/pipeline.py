@@ -270,6 +270,7 @@ def build(
                 verify,
                 tc,
                 warm,
+                stack,
             )
     except SpecError as exc:
         exc.file = exc.file or str(spec_path)
@@ -354,6 +355,7 @@ class Job:
     tuning: Tuning
     shared: SharedCache | None
     verify: bool
+    held: ExitStack  # the per-user cache's entries this build compiles against, held to its end (toolchain/entries.py)
     program_weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # _program_weights, by TraceResult.weights
 
 
@@ -368,6 +370,7 @@ def _build(
     verify: bool,
     tc: Toolchain,
     warm: warmup.Warmup | None,
+    held: ExitStack,
 ) -> BuildOutput:
     timeline = Timeline(report)
     tools = LazyTools(spec, use_cache, timeline, warm)
@@ -396,6 +399,7 @@ def _build(
         tuning=tuning,
         shared=shared,
         verify=verify,
+        held=held,
     )
     references: ReferenceRun | None = None
 
@@ -780,6 +784,7 @@ def _compiled(
                     t,
                     [u for u in units if u.target is t],
                     spec.flags,
+                    job.held,
                     job.tools.waiting("prebuilt"),
                 )
                 for t in spec.target

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from shimgen.build import libraries
 from shimgen.errors import SpecError, SpecErrors, UserError
 from shimgen.inductor import codegen, compat
 from shimgen.inductor.lockfile import Timings
@@ -57,7 +58,10 @@ class CodegenTask:
 
 def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
     compat.check(compat.TRACE)
-    return trace.trace(task.graph, task.where, task.spec_dir, task.device, task.program_file, task.key, ops)
+    before = set(sys.modules)
+    traced = trace.trace(task.graph, task.where, task.spec_dir, task.device, task.program_file, task.key, ops)
+    libraries.note(before)
+    return traced
 
 
 def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResult:

@@ -27,7 +27,7 @@ from shimgen.package import merge
 from shimgen.pipeline import BuildOutput, Layout, build
 from shimgen.spec import load_spec
 from shimgen.spec.schema import json_schema, markdown_reference
-from shimgen.toolchain import probe
+from shimgen.toolchain import entries, probe
 from shimgen.toolchain.cuda import detect_cuda, torch_cuda_version
 
 
@@ -452,7 +452,10 @@ def _doctor(args: argparse.Namespace) -> int:
     print(f"compiler cache: {toolchain.compiler_cache() or 'none on PATH'}")
     url = shared_cache.configured(None)
     print(f"shared cache:   {_shared_line(url) if url else f'none (--cache URL or ${shared_cache.ENV})'}")
-    print(f"per-user cache: {toolchain.cache_dir().parent}")
+    listed, size_limit = entries.listed(), entries.limit()
+    used = f"{sum(e.size for e in listed) / 2**30:.1f} GiB in {len(listed)} prebuilt sets and runtime libraries"
+    bound = f"{size_limit / 2**30:.1f} GiB" if size_limit else "none"
+    print(f"per-user cache: {toolchain.cache_dir().parent} ({used}; limit {bound}, ${entries.LIMIT_ENV})")
     print("compilers (probe: build a torch extension with the project's Meson setup, load it in a subprocess):")
     chosen = None
     for cxx in toolchain.candidate_compilers():

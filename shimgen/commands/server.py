@@ -15,6 +15,10 @@ both in `$TMPDIR/shimgen-<uid>/` (`server_dir`); a server that died leaves a soc
 its client builds in its own process. Where importing Inductor has asked the CUDA driver anything, no child could use
 CUDA: the server then refuses (`<key>.refused`) and builds run in their own process. `SHIMGEN_SERVER=off` builds
 in-process always.
+
+After a build, the server imports the site-packages libraries its trace imported (shimgen/build/libraries.py), so
+that the next build's children have them. Where one of their files has changed since, or a client's environment
+differs in a variable they read while imported, the server steps down and the client starts a new one.
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import cast
 
-from shimgen.build import process
+from shimgen.build import libraries, process
 from shimgen.files import shimgen_fingerprint
 from shimgen.inductor import internals
 
@@ -43,6 +49,7 @@ START_SECONDS = 120.0  # a server not answering by then is given up on; the clie
 # imported under other values serves no build. Cache directories are read at each use, not at import.
 _IMPORT_ENV = ("TORCH", "PYTORCH", "TRITON", "CUDA", "NVIDIA", "OMP_", "MKL_", "KMP_", "LD_", "PYTHON")
 _SOCKET_LIMIT = 100  # sun_path holds 108 bytes
+_STEPPED_DOWN = -1  # the status a server that steps down answers with: the client starts a new one
 
 
 def server_key(env: dict[str, str]) -> str:
@@ -71,7 +78,7 @@ def server_dir() -> Path | None:
     return directory if info.st_uid == os.getuid() and not info.st_mode & 0o077 else None
 
 
-def hand_over(argv: list[str]) -> int | None:
+def hand_over(argv: list[str], again: bool = True) -> int | None:
     """Run `shimgen <argv>` in this user's build server (started if there is none) and return its exit status; None
     where no server can take it (then the caller builds in its own process)."""
     if os.environ.get("SHIMGEN_SERVER", "").lower() in ("off", "0", "no", "false") or os.environ.get(
@@ -98,6 +105,8 @@ def hand_over(argv: list[str]) -> int | None:
             status = _receive_status(conn)
         except OSError:
             status = None
+    if status == _STEPPED_DOWN:
+        return hand_over(argv, again=False) if again else None
     if status is not None and status > 128 and status != 130:
         print(f"shimgen: the build crashed with signal {status - 128}", file=sys.stderr)
     return status
@@ -178,7 +187,7 @@ def serve(base: Path) -> None:
     path = socket_path(base)
     if path is None:
         return
-    lock = open(base.with_suffix(".lock"), "a")  # noqa: SIM115  (held for the server's life)
+    lock = open(base.with_suffix(".lock"), "a")  # noqa: SIM115  (held while the server takes builds)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -200,17 +209,40 @@ def serve(base: Path) -> None:
     bound = path.stat().st_ino
     listener.listen(16)
     idle = float(os.environ.get("SHIMGEN_SERVER_IDLE", IDLE_SECONDS))
+    ahead = _ImportedAhead(base)
     children: dict[int, socket.socket] = {}
     interrupted: set[int] = set()
     last = time.monotonic()
+    serving = True
+
+    def step_down(why: str) -> None:
+        """Take no more builds, and let a new server start at once; the builds running go on."""
+        nonlocal serving
+        print(f"shimgen build server {os.getpid()} steps down: {why}", flush=True)
+        serving = False
+        if path.exists() and path.stat().st_ino == bound:
+            path.unlink()
+        listener.close()
+        lock.close()
+
     try:
-        while children or time.monotonic() - last < idle:
-            readable, _, _ = select.select([listener, *children.values()], [], [], 0.2)
+        while children or (serving and time.monotonic() - last < idle):
+            readable, _, _ = select.select([*([listener] if serving else []), *children.values()], [], [], 0.2)
             for conn in readable:
                 if conn is listener:
-                    child = _accept(listener, [lock.fileno(), *(c.fileno() for c in children.values())])
-                    if child is not None:
-                        children[child[0]] = child[1]
+                    received = _receive(listener)
+                    if received is None:
+                        continue
+                    why = ahead.unusable_for(cast(dict[str, str], received[1]["env"]))
+                    if why is not None:
+                        _answer(received[0], _STEPPED_DOWN)
+                        for fd in received[2]:
+                            os.close(fd)
+                        step_down(why)
+                        continue
+                    own = [lock.fileno(), listener.fileno(), *(c.fileno() for c in children.values())]
+                    pid = _fork_child(*received, ahead.child_env(), own)
+                    children[pid] = received[0]
                 else:  # a client closed its end (Ctrl-C, killed) before its child ended: the build is interrupted
                     pid = next(p for p, c in children.items() if c is conn)
                     if pid not in interrupted:
@@ -222,20 +254,85 @@ def serve(base: Path) -> None:
                     conn = children.pop(pid)
                     interrupted.discard(pid)
                     code = os.waitstatus_to_exitcode(status)
-                    try:
-                        conn.sendall(struct.pack("<i", code if code >= 0 else 128 - code))
-                    except OSError:
-                        pass
-                    conn.close()
+                    _answer(conn, code if code >= 0 else 128 - code)
                     last = time.monotonic()
+            if serving and not children and ahead.noted():
+                unsafe = ahead.import_noted()
+                if unsafe is not None:
+                    step_down(unsafe)
     finally:
-        if path.exists() and path.stat().st_ino == bound:  # not yet another server's
-            path.unlink()
-        listener.close()
+        if serving:
+            step_down("idle")
 
 
-def _accept(listener: socket.socket, servers: list[int]) -> tuple[int, socket.socket] | None:
-    """Fork a child for the next request; `servers`, the server's own descriptors, are closed in the child."""
+class _ImportedAhead:
+    """The libraries this server imported for its builds' children (shimgen/build/libraries.py)."""
+
+    def __init__(self, base: Path) -> None:
+        self.noted_file = base.with_suffix(".imports")
+        self.unsafe_file = base.with_suffix(".unsafe-imports")  # libraries never to import ahead again, by name
+        self.files: dict[str, int] = {}  # file -> modification time, of every module imported ahead
+        self.read_env: dict[str, str | None] = {}  # variable -> value, of those read while importing
+
+    def child_env(self) -> dict[str, str]:
+        return {libraries.IMPORTS_ENV: str(self.noted_file)}
+
+    def noted(self) -> bool:
+        return self.noted_file.exists()
+
+    def unusable_for(self, env: dict[str, str]) -> str | None:
+        """Why a build with `env` cannot run in a child of this server, if it cannot."""
+        changed = libraries.changed(self.files)
+        if changed is not None:
+            return f"{changed} changed since the server imported it"
+        differs = libraries.env_differs(self.read_env, env)
+        if differs is not None:
+            return f"${differs} differs from its value when the server imported libraries"
+        return None
+
+    def import_noted(self) -> str | None:
+        """Import what builds noted; why that made forking unsafe, if it did (those libraries are then refused)."""
+        names = libraries.take_noted(self.noted_file)
+        try:
+            refused = set(self.unsafe_file.read_text().split())
+        except OSError:
+            refused = set()
+        threads, tasks = threading.active_count(), _tasks()
+        with libraries.reading_env() as read:
+            _, files = libraries.import_ahead(names, refused)
+        self.files.update(files)
+        own = {"PYTORCH_NVML_BASED_CUDA_CHECK"}  # set by the server itself, for its own imports
+        if libraries.ALL in read:
+            self.read_env = {libraries.ALL: None, **{k: v for k, v in os.environ.items() if k not in own}}
+        self.read_env.update({k: os.environ.get(k) for k in read - own if k != libraries.ALL})
+        if threading.active_count() > threads or _tasks() > tasks:
+            why = "importing libraries ahead started a thread"
+        elif not internals.fork_is_safe():
+            why = "importing libraries ahead initialised CUDA's driver"
+        else:
+            return None
+        with open(self.unsafe_file, "a") as unsafe:
+            unsafe.write("".join(f"{name}\n" for name in dict.fromkeys(name.split(".")[0] for name, _ in names)))
+        return why
+
+
+def _tasks() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
+def _answer(conn: socket.socket, status: int) -> None:
+    try:
+        conn.sendall(struct.pack("<i", status))
+    except OSError:
+        pass
+    conn.close()
+
+
+def _receive(listener: socket.socket) -> tuple[socket.socket, dict[str, object], list[int]] | None:
+    """The next request: (its connection, the request, the client's standard streams)."""
     conn, _ = listener.accept()
     conn.settimeout(10)
     try:
@@ -248,27 +345,35 @@ def _accept(listener: socket.socket, servers: list[int]) -> tuple[int, socket.so
                 raise OSError("the client went away")
             data += chunk
         request = json.loads(data.decode("utf-8", "surrogateescape"))
-        if len(fds) != 3:
-            raise OSError("no standard streams passed")
+        if len(fds) != 3 or not isinstance(request.get("env"), dict):
+            raise OSError("no standard streams or environment passed")
     except (OSError, ValueError, struct.error):
         conn.close()
         return None
     conn.settimeout(None)
+    return conn, request, fds
+
+
+def _fork_child(
+    conn: socket.socket, request: dict[str, object], fds: list[int], env: dict[str, str], servers: list[int]
+) -> int:
+    """Fork a child for `request`, with `env` added to the client's; `servers`, the server's own descriptors, are
+    closed in the child."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover  (the child; its coverage is the build's)
-        for fd in [listener.fileno(), conn.fileno(), *servers]:
+        for fd in [conn.fileno(), *servers]:
             os.close(fd)
-        os._exit(_run_child(request, fds))
+        os._exit(_run_child(request, fds, env))
     try:
         os.setpgid(pid, pid)  # also here, before any signal of the server's can reach the group
     except OSError:
         pass
     for fd in fds:
         os.close(fd)
-    return pid, conn
+    return pid
 
 
-def _run_child(request: dict[str, object], fds: list[int]) -> int:
+def _run_child(request: dict[str, object], fds: list[int], server_env: dict[str, str]) -> int:
     code = 3
     try:
         # A process group of its own, as a terminal gives a command: an interrupted build's SIGINT reaches ninja and the
@@ -290,7 +395,7 @@ def _run_child(request: dict[str, object], fds: list[int]) -> int:
         env, argv, cwd = request["env"], request["argv"], request["cwd"]
         assert isinstance(env, dict) and isinstance(argv, list) and isinstance(cwd, str)
         os.environ.clear()
-        os.environ.update({**env, "SHIMGEN_SERVER_CHILD": "1"})
+        os.environ.update({**env, **server_env, "SHIMGEN_SERVER_CHILD": "1"})
         os.chdir(cwd)
         process.fork_spare_interpreter()
         sys.argv = ["shimgen", *argv]

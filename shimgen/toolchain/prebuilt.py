@@ -7,24 +7,30 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 from shimgen.build.meson import build
 from shimgen.errors import BuildError
-from shimgen.files import LockHeld, exclusive, shimgen_fingerprint
+from shimgen.files import LockHeld, shimgen_fingerprint
 from shimgen.inductor import codegen
 from shimgen.project import render
 from shimgen.results import Prebuilt, Unit, target_compile_args
 from shimgen.spec import Flags, Target
-from shimgen.toolchain import Toolchain, cache_dir, runtime_lib
+from shimgen.toolchain import Toolchain, entries, runtime_lib
 
 
 def ensure(
-    tc: Toolchain, target: Target, units: list[Unit], flags: Flags, waiting: Callable[[LockHeld], None] | None = None
+    tc: Toolchain,
+    target: Target,
+    units: list[Unit],
+    flags: Flags,
+    held: ExitStack,
+    waiting: Callable[[LockHeld], None] | None = None,
 ) -> Prebuilt:
-    """The prebuilt pieces for `target`, whose `units` share one runtime interface."""
+    """The prebuilt pieces for `target`, whose `units` share one runtime interface, held (kept in the per-user cache)
+    until `held` closes."""
     interface = codegen.shared_interface(
         {name: code.interface.read_text() for u in units for name, code in u.generated}
     ).encode()
@@ -35,12 +41,15 @@ def ensure(
         ).encode()
         + interface
     ).hexdigest()[:16]
-    root = cache_dir().parent / "prebuilt" / key
-    with exclusive(root.with_name(f"{key}.lock"), waiting):
-        if not (root / "done").is_file():
-            _build(tc, target.device, compile_args, flags, interface, root)
+    runtime = runtime_lib.ensure(tc, target.device, held, waiting)  # shared by every flag set
+    root = entries.location("prebuilt", key)
+
+    def make(staging: Path) -> None:
+        render.render_prebuilt(tc, target.device, compile_args, flags, interface, staging / "src")
+        build(staging / "src", staging / "build", tc, "the shared runtime interface and precompiled headers")
+
+    entries.ensure(root, make, held, waiting)
     built = root / "build"
-    runtime = runtime_lib.ensure(tc, target.device, waiting)  # shared by every flag set
     return Prebuilt(
         key=key,
         interface_lib=built / "libaoti_interface.a",
@@ -48,17 +57,6 @@ def ensure(
         kernel_pch=_pch(built, "kernel") if flags.pch else None,
         runtime_libs=tuple(runtime.link_order),
     )
-
-
-def _build(tc: Toolchain, device: str, compile_args: list[str], flags: Flags, interface: bytes, root: Path) -> None:
-    shutil.rmtree(root, ignore_errors=True)  # what an interrupted build left
-    staging = root.with_name(root.name + ".new")
-    shutil.rmtree(staging, ignore_errors=True)
-    source = staging / "src"
-    render.render_prebuilt(tc, device, compile_args, flags, interface, source)
-    build(source, staging / "build", tc, "the shared runtime interface and precompiled headers")
-    (staging / "done").write_text("")
-    staging.replace(root)
 
 
 def _pch(build_dir: Path, flavor: str) -> Path:

@@ -4,15 +4,15 @@ device and shimgen's fingerprint."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from shimgen.build.meson import build
-from shimgen.files import LockHeld, exclusive, shimgen_fingerprint, stage_key
+from shimgen.files import LockHeld, shimgen_fingerprint, stage_key
 from shimgen.project import render
-from shimgen.toolchain import Toolchain, cache_dir
+from shimgen.toolchain import Toolchain, entries
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,21 +33,21 @@ def key(tc: Toolchain, device: str) -> str:
 
 def location(tc: Toolchain, device: str) -> Path:
     """Where the runtime library for `device` is built in the per-user cache."""
-    return cache_dir().parent / "runtime" / key(tc, device)
+    return entries.location("runtime", key(tc, device))
 
 
-def ensure(tc: Toolchain, device: str, waiting: Callable[[LockHeld], None] | None = None) -> RuntimeLibrary:
-    """The runtime library for `device`, built where the per-user cache lacks it."""
+def ensure(
+    tc: Toolchain, device: str, held: ExitStack | None, waiting: Callable[[LockHeld], None] | None = None
+) -> RuntimeLibrary:
+    """The runtime library for `device`, built where the per-user cache lacks it, and held there until `held` closes
+    (None: only made)."""
+
+    def make(staging: Path) -> None:
+        render.render_runtime(tc, device, staging / "src")
+        build(staging / "src", staging / "build", tc, f"shimgen's runtime library for {device}")
+
     lib_key = key(tc, device)
     root = location(tc, device)
-    with exclusive(root.with_name(f"{lib_key}.lock"), waiting):
-        if not (root / "done").is_file():
-            shutil.rmtree(root, ignore_errors=True)  # what an interrupted build left
-            staging = root.with_name(root.name + ".new")
-            shutil.rmtree(staging, ignore_errors=True)
-            render.render_runtime(tc, device, staging / "src")
-            build(staging / "src", staging / "build", tc, f"shimgen's runtime library for {device}")
-            (staging / "done").write_text("")
-            staging.replace(root)
+    entries.ensure(root, make, held, waiting)
     built = root / "build"
     return RuntimeLibrary(key=lib_key, core=built / "libshimgen_core.a", python=built / "libshimgen_python.a")

@@ -51,5 +51,5 @@ def start(devices: Sequence[str]) -> Warmup | None:
 def main(argv: list[str]) -> int:
     tc, _ = probe.select()
     for device in json.loads(argv[0]):
-        runtime_lib.ensure(tc, device)
+        runtime_lib.ensure(tc, device, held=None)
     return 0

@@ -92,6 +92,48 @@ def test_builds_run_in_the_server_and_see_edits(project: tuple[Path, dict[str, s
         stop(first)
 
 
+MARKED = """import sys
+with open({marker!r}, "a") as seen:
+    seen.write(f"{{'docutils' in sys.modules}}\\n")
+import docutils  # a library from site-packages, which the server imports ahead after a trace imported it
+"""
+
+
+def test_a_library_the_trace_imported_is_imported_ahead_until_it_changes(
+    project: tuple[Path, dict[str, str]], tmp_path: Path
+) -> None:
+    import docutils
+
+    spec, env = project
+    model, marker = tmp_path / "models" / "mlp.py", tmp_path / "seen"
+    source = MARKED.format(marker=str(marker)) + model.read_text()
+
+    def build_seeing(activation: str) -> tuple[int, set[str]]:
+        """(the build's server, whether each import of the model found docutils imported)."""
+        marker.unlink(missing_ok=True)
+        model.write_text(source.replace("nn.ReLU()", activation))  # an edit: the model is traced again
+        code, built, err = served_build(spec, tmp_path / "out", env)
+        assert code == 0 and built is not None, err
+        summaries.append(built)
+        return built["build_server"], set(marker.read_text().split())
+
+    summaries: list[dict] = []
+    library = Path(docutils.__file__)
+    mtime = library.stat().st_mtime_ns
+    try:
+        server, seen = build_seeing("nn.ReLU()")
+        assert seen == {"False"}, "a fresh server has not imported it"
+        assert build_seeing("nn.GELU()") == (server, {"True"}), "imported ahead after the first build"
+        os.utime(library, ns=(mtime, mtime + 1_000_000))  # as a `pip install` of another version would
+        again, seen = build_seeing("nn.SiLU()")
+        assert again != server and seen == {"False"}, "the server stepped down; a new one imported nothing ahead"
+        x = make_inputs(load_spec(spec).graph[0], {"batch": 3}, seed=2)[0]
+        torch.testing.assert_close(call_in_subprocess(summaries[-1], "forward", tmp_path, x), eager(spec, x))
+    finally:
+        os.utime(library, ns=(mtime, mtime))
+        stop(*summaries)
+
+
 def test_a_killed_server_costs_only_speed(project: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
     spec, env = project
     first = again = None

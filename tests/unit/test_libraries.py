@@ -1,0 +1,100 @@
+"""What a build server imports ahead for its builds (shimgen/build/libraries.py): the site-packages modules a trace
+imported, in order, the files they came from, and the environment variables read while importing them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shimgen.build import libraries
+
+
+@pytest.fixture
+def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A site-packages directory of the test's own, on sys.path, with a package `fakelib` in it; and a project
+    directory beside it, with a module `fakeproject`."""
+    site_dir, project = tmp_path / "site-packages", tmp_path / "project"
+    (site_dir / "fakelib").mkdir(parents=True)
+    (site_dir / "fakelib" / "__init__.py").write_text("import os\nOPTION = os.environ.get('FAKELIB_OPTION')\n")
+    (site_dir / "fakelib" / "part.py").write_text("from fakelib import OPTION\n")
+    (site_dir / "broken.py").write_text("raise ImportError('not here')\n")
+    project.mkdir()
+    (project / "fakeproject.py").write_text("import fakelib.part\n")
+    monkeypatch.setattr(libraries, "site_dirs", lambda: (os.path.join(str(site_dir), ""),))
+    monkeypatch.syspath_prepend(str(site_dir))
+    monkeypatch.syspath_prepend(str(project))
+    yield site_dir
+    for name in ("fakelib", "fakelib.part", "fakeproject", "broken"):
+        sys.modules.pop(name, None)
+
+
+def test_a_trace_notes_the_site_packages_modules_it_imported_in_order(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    noted = tmp_path / "server.imports"
+    monkeypatch.setenv(libraries.IMPORTS_ENV, str(noted))
+    before = set(sys.modules)
+    import fakeproject  # noqa: F401
+
+    libraries.note(before)
+    libraries.note(before)  # a second trace of the same
+    expected = [("fakelib", str(site / "fakelib" / "__init__.py")), ("fakelib.part", str(site / "fakelib" / "part.py"))]
+    assert libraries.take_noted(noted) == expected, "the project's module is not noted; each library once"
+    assert libraries.take_noted(noted) == []
+
+
+def test_nothing_is_noted_outside_a_server(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(libraries.IMPORTS_ENV, raising=False)
+    before = set(sys.modules)
+    import fakeproject  # noqa: F401
+
+    libraries.note(before)  # no file to write: nothing happens
+    assert [name for name, _ in libraries.imported_since(before)] == ["fakelib", "fakelib.part"]
+
+
+def test_importing_ahead_imports_what_was_noted_and_keeps_its_files(site: Path) -> None:
+    noted = [
+        ("fakelib.part", str(site / "fakelib" / "part.py")),
+        ("broken", str(site / "broken.py")),
+        ("fakelib", str(site / "fakelib" / "elsewhere.py")),  # already imported by then: skipped
+    ]
+    failed, files = libraries.import_ahead(noted, refused=set())
+    assert "fakelib.part" in sys.modules and failed == ["broken"]
+    assert set(files) == {str(site / "fakelib" / "__init__.py"), str(site / "fakelib" / "part.py")}
+    assert libraries.changed(files) is None
+    part = site / "fakelib" / "part.py"
+    os.utime(part, ns=(files[str(part)], files[str(part)] + 1_000_000))
+    assert libraries.changed(files) == str(part)
+    part.unlink()
+    assert libraries.changed(files) == str(part)
+
+
+def test_a_module_is_not_imported_where_its_name_finds_another_file_or_its_package_is_refused(site: Path) -> None:
+    failed, files = libraries.import_ahead([("fakelib", str(site / "other" / "__init__.py"))], refused=set())
+    assert "fakelib" not in sys.modules and failed == [] and files == {}
+    failed, files = libraries.import_ahead([("fakelib", str(site / "fakelib" / "__init__.py"))], refused={"fakelib"})
+    assert "fakelib" not in sys.modules and files == {}
+
+
+def test_the_variables_read_while_importing_are_known(site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKELIB_OPTION", "a")
+    with libraries.reading_env() as read:
+        libraries.import_ahead([("fakelib", str(site / "fakelib" / "__init__.py"))], refused=set())
+        os.environ["WRITTEN_IN_THE_BLOCK"] = "1"  # writes reach the real environment
+    monkeypatch.delenv("WRITTEN_IN_THE_BLOCK")
+    assert "FAKELIB_OPTION" in read and type(os.environ) is not libraries._RecordingEnviron
+    values = {name: os.environ.get(name) for name in read}
+    assert libraries.env_differs(values, dict(os.environ)) is None
+    assert libraries.env_differs(values, {**os.environ, "FAKELIB_OPTION": "b"}) == "FAKELIB_OPTION"
+    assert libraries.env_differs(values, {**os.environ, "UNREAD": "1"}) is None
+
+    with libraries.reading_env() as read:
+        dict(os.environ)  # a library that copies the whole environment depends on all of it
+    assert libraries.ALL in read
+    everything: dict[str, str | None] = {libraries.ALL: None, **os.environ}
+    assert libraries.env_differs(everything, {**os.environ, "PWD": "/elsewhere"}) is None
+    assert libraries.env_differs(everything, {**os.environ, "UNREAD": "1"}) == "UNREAD"
