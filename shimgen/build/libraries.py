@@ -19,6 +19,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 IMPORTS_ENV = "SHIMGEN_SERVER_IMPORTS"
+# Imported by the server on its own terms (internals.import_build_modules, kept safe to fork): the parts of torch and
+# its compilers that a trace imports lazily may ask the device's driver, which a forked child could not use.
+SERVER_OWNED = ("torch", "triton", "functorch", "torchgen", "shimgen")
 
 
 def site_dirs() -> tuple[str, ...]:
@@ -32,12 +35,19 @@ def site_dirs() -> tuple[str, ...]:
 
 def imported_since(before: Iterable[str]) -> list[tuple[str, str]]:
     """(name, file) of the modules imported since `before` (names in sys.modules) whose files are in site-packages, in
-    import order."""
+    import order, but for the server's own (SERVER_OWNED)."""
     dirs, seen = site_dirs(), set(before)
     found = []
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if name not in seen and isinstance(file, str) and file.startswith(dirs) and "\t" not in name + file:
+        owned = name.split(".")[0] in SERVER_OWNED
+        if (
+            name not in seen
+            and not owned
+            and isinstance(file, str)
+            and file.startswith(dirs)
+            and "\t" not in name + file
+        ):
             found.append((name, file))
     return found
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from shimgen.build import libraries
 
@@ -22,13 +23,15 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (site_dir / "fakelib" / "__init__.py").write_text("import os\nOPTION = os.environ.get('FAKELIB_OPTION')\n")
     (site_dir / "fakelib" / "part.py").write_text("from fakelib import OPTION\n")
     (site_dir / "broken.py").write_text("raise ImportError('not here')\n")
+    (site_dir / "fakelib" / "lazy.py").write_text("import torch._lazy.metrics\n")  # torch's: the server's own
     project.mkdir()
-    (project / "fakeproject.py").write_text("import fakelib.part\n")
-    monkeypatch.setattr(libraries, "site_dirs", lambda: (os.path.join(str(site_dir), ""),))
+    (project / "fakeproject.py").write_text("import fakelib.part\nimport fakelib.lazy\n")
+    torch_dir = os.path.dirname(os.path.dirname(torch.__file__))
+    monkeypatch.setattr(libraries, "site_dirs", lambda: (os.path.join(str(site_dir), ""), os.path.join(torch_dir, "")))
     monkeypatch.syspath_prepend(str(site_dir))
     monkeypatch.syspath_prepend(str(project))
     yield site_dir
-    for name in ("fakelib", "fakelib.part", "fakeproject", "broken"):
+    for name in ("fakelib", "fakelib.part", "fakelib.lazy", "fakeproject", "broken"):
         sys.modules.pop(name, None)
 
 
@@ -38,12 +41,18 @@ def test_a_trace_notes_the_site_packages_modules_it_imported_in_order(
     noted = tmp_path / "server.imports"
     monkeypatch.setenv(libraries.IMPORTS_ENV, str(noted))
     before = set(sys.modules)
+    assert "torch._lazy.metrics" not in before
     import fakeproject  # noqa: F401
 
     libraries.note(before)
     libraries.note(before)  # a second trace of the same
-    expected = [("fakelib", str(site / "fakelib" / "__init__.py")), ("fakelib.part", str(site / "fakelib" / "part.py"))]
-    assert libraries.take_noted(noted) == expected, "the project's module is not noted; each library once"
+    expected = [
+        ("fakelib", str(site / "fakelib" / "__init__.py")),
+        ("fakelib.part", str(site / "fakelib" / "part.py")),
+        ("fakelib.lazy", str(site / "fakelib" / "lazy.py")),
+    ]
+    assert "torch._lazy.metrics" in sys.modules, "imported in site-packages, but torch's"
+    assert libraries.take_noted(noted) == expected, "neither the project's module nor torch's is noted; each once"
     assert libraries.take_noted(noted) == []
 
 
@@ -53,7 +62,7 @@ def test_nothing_is_noted_outside_a_server(site: Path, monkeypatch: pytest.Monke
     import fakeproject  # noqa: F401
 
     libraries.note(before)  # no file to write: nothing happens
-    assert [name for name, _ in libraries.imported_since(before)] == ["fakelib", "fakelib.part"]
+    assert [name for name, _ in libraries.imported_since(before)] == ["fakelib", "fakelib.part", "fakelib.lazy"]
 
 
 def test_importing_ahead_imports_what_was_noted_and_keeps_its_files(site: Path) -> None:
