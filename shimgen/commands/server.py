@@ -272,10 +272,11 @@ class _ImportedAhead:
         self.noted_file = base.with_suffix(".imports")
         self.unsafe_file = base.with_suffix(".unsafe-imports")  # libraries never to import ahead again, by name
         self.files: dict[str, int] = {}  # file -> modification time, of every module imported ahead
-        self.read_env: dict[str, str | None] = {}  # variable -> value, of those read while importing
+        self.read_env: dict[str, str | None] = {}  # variable -> value before the import, of those it read
+        self.set_env: dict[str, str] = {}  # variables the imports set, as a fresh import would set them in the child
 
     def child_env(self) -> dict[str, str]:
-        return {libraries.IMPORTS_ENV: str(self.noted_file)}
+        return {**self.set_env, libraries.IMPORTS_ENV: str(self.noted_file)}
 
     def noted(self) -> bool:
         return self.noted_file.exists()
@@ -298,13 +299,15 @@ class _ImportedAhead:
         except OSError:
             refused = set()
         threads, tasks = threading.active_count(), _tasks()
+        own = {"PYTORCH_NVML_BASED_CUDA_CHECK"}  # set by the server itself, for its own imports
+        before = {k: v for k, v in os.environ.items() if k not in own}
         with libraries.reading_env() as read:
             _, files = libraries.import_ahead(names, refused)
         self.files.update(files)
-        own = {"PYTORCH_NVML_BASED_CUDA_CHECK"}  # set by the server itself, for its own imports
         if libraries.ALL in read:
-            self.read_env = {libraries.ALL: None, **{k: v for k, v in os.environ.items() if k not in own}}
-        self.read_env.update({k: os.environ.get(k) for k in read - own if k != libraries.ALL})
+            self.read_env = {libraries.ALL: None, **before}
+        self.read_env.update({k: before.get(k) for k in read - own if k != libraries.ALL})
+        self.set_env.update({k: v for k, v in os.environ.items() if k not in own and before.get(k) != v})
         if threading.active_count() > threads or _tasks() > tasks:
             why = "importing libraries ahead started a thread"
         elif not internals.fork_is_safe():

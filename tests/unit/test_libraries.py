@@ -107,3 +107,27 @@ def test_the_variables_read_while_importing_are_known(site: Path, monkeypatch: p
     everything: dict[str, str | None] = {libraries.ALL: None, **os.environ}
     assert libraries.env_differs(everything, {**os.environ, "PWD": "/elsewhere"}) is None
     assert libraries.env_differs(everything, {**os.environ, "UNREAD": "1"}) == "UNREAD"
+
+
+def test_a_server_serves_only_environments_that_agree_with_what_its_imports_read(
+    site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from shimgen.commands.server import _ImportedAhead
+
+    (site / "fakelib" / "__init__.py").write_text(
+        "import os\nOPTION = os.environ.get('FAKELIB_OPTION')\nos.environ.setdefault('FAKELIB_SET', 'by fakelib')\n"
+    )
+    monkeypatch.delenv("FAKELIB_OPTION", raising=False)
+    monkeypatch.delenv("FAKELIB_SET", raising=False)
+    ahead = _ImportedAhead(tmp_path / "key")
+    (tmp_path / "key.imports").write_text(f"fakelib\t{site / 'fakelib' / '__init__.py'}\n")
+    assert ahead.noted()
+    try:
+        assert ahead.import_noted() is None, "safe to fork: no thread, no CUDA"
+        assert "fakelib" in sys.modules and not ahead.noted()
+        client = {k: v for k, v in os.environ.items() if k != "FAKELIB_SET"}
+        assert ahead.unusable_for(client) is None, "the variable the import set is not one the client must have"
+        assert ahead.child_env()["FAKELIB_SET"] == "by fakelib", "a child gets it as a fresh import would set it"
+        assert "FAKELIB_OPTION" in (ahead.unusable_for({**client, "FAKELIB_OPTION": "1"}) or "")
+    finally:
+        os.environ.pop("FAKELIB_SET", None)
