@@ -55,7 +55,7 @@ from shimgen.results import (
     unit_name,
 )
 from shimgen.spec import Graph, ProjectSpec, Target, load_spec
-from shimgen.toolchain import Toolchain, prebuilt, probe, warmup
+from shimgen.toolchain import Toolchain, entries, prebuilt, probe, warmup
 from shimgen.toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
 from shimgen.trace import custom_ops, entry, variants
 from shimgen.trace import export as trace
@@ -250,6 +250,7 @@ def build(
             url = shared_cache.configured(cache_url)
             shared = SharedCache(shared_cache.backend(url)) if url else None
             tc = toolchain.detect()
+            entries.limit()  # a bad $SHIMGEN_CACHE_LIMIT is told now, not once the build has made a cache entry
             # Custom ops need the compiler at once; a shared cache may answer the build without one.
             warm = None if spec.custom_op or shared else warmup.start([t.device for t in spec.target])
             if warm is not None:

@@ -63,6 +63,15 @@ def test_a_limit_that_is_not_a_size_is_a_user_error(monkeypatch: pytest.MonkeyPa
         entries.limit()
 
 
+def test_a_build_with_a_bad_limit_stops_at_once_with_one_line(tmp_path: Path) -> None:
+    from conftest import REPO, shimgen
+
+    env = {**os.environ, entries.LIMIT_ENV: "lots", "SHIMGEN_SERVER": "off"}
+    refused = shimgen("build", REPO / "projects" / "mlp.toml", "--out", tmp_path, env=env)
+    assert refused.returncode == 2 and "SHIMGEN_CACHE_LIMIT='lots' is not a size" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and "[trace]" not in refused.stderr
+
+
 def test_an_entry_is_made_once() -> None:
     made: list[Path] = []
     root = entries.location("runtime", "a")
