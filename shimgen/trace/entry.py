@@ -106,18 +106,25 @@ def project_scope(spec_dir: Path) -> Iterator[set[Path]]:
     finally:
         _scopes.remove((spec_dir, reads))
         for name, module in _project_modules(spec_dir).items():
-            reads.add(Path(module.__file__).resolve())
+            if getattr(module, "__file__", None) is not None:
+                reads.add(Path(module.__file__).resolve())
             del sys.modules[name]
         sys.modules.update(set_aside)
         sys.path[:] = saved_path
 
 
 def _project_modules(spec_dir: Path) -> dict[str, Any]:
-    return {
-        name: m
-        for name, m in list(sys.modules.items())
-        if _under(getattr(m, "__file__", None), spec_dir) and not _is_kept(name)
-    }
+    return {name: m for name, m in list(sys.modules.items()) if _is_projects(m, spec_dir) and not _is_kept(name)}
+
+
+def _is_projects(module: Any, spec_dir: Path) -> bool:
+    """Whether `module` comes from `spec_dir`: its file, or for a namespace package (a directory without __init__.py,
+    no file) every portion of its path."""
+    file = getattr(module, "__file__", None)
+    if file is not None:
+        return _under(file, spec_dir)
+    portions = list(getattr(module, "__path__", None) or [])
+    return bool(portions) and all(_under(p, spec_dir) for p in portions)
 
 
 def _shadowing(spec_dir: Path) -> dict[str, Any]:

@@ -1225,6 +1225,20 @@ def test_a_package_the_caller_imported_from_elsewhere_does_not_shadow_the_projec
                 del sys.modules[name]
 
 
+def test_a_projects_namespace_package_is_not_left_behind(tmp_path: Path) -> None:
+    """A project's `models` directory without __init__.py is a namespace package (no file): it goes with the project's
+    scope like its modules, else a later `import models.x` of another directory looks only in this one."""
+    from shimgen.trace import entry
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "net.py").write_text("VALUE = 1\n")
+    assert "models" not in sys.modules
+    with entry.project_scope(tmp_path):
+        assert importlib.import_module("models.net").VALUE == 1
+        assert sys.modules["models"].__file__ is None
+    assert "models" not in sys.modules and "models.net" not in sys.modules
+
+
 def test_python_sources_count_for_the_code_only_where_the_program_calls_library_ops(tmp_path: Path) -> None:
     """A weight edited in the model's .py file changes only the weights' values (refit keeps the code); a triton_op's
     kernel, compiled from its .py source, makes every read .py file count."""
