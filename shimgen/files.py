@@ -99,6 +99,20 @@ def exclusive(lock_file: Path, waiting: Callable[[LockHeld], None] | None = None
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+@contextmanager
+def exclusive_if_free(lock_file: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on `lock_file` (created if needed) for the block where no other process holds it; yields
+    whether this one does."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 _HOLDER = "shimgen process "
 
 

@@ -1,5 +1,5 @@
 """Libraries a build's trace imported from site-packages (transformers, timm, ...), which the build server imports after
-the build so that the next build's children have them already (2-3 s of a MiniLM trace on 2 cores).
+the build so that the next build's children have them already (3 s of a MiniLM trace on 2 cores).
 
 A trace notes them in the file named by $SHIMGEN_SERVER_IMPORTS (set in a server's child). The server imports them
 where that leaves it safe to fork (no thread started, CUDA's driver not asked), and keeps the modification time of

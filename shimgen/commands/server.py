@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import cast
 
 from shimgen.build import libraries, process
-from shimgen.files import shimgen_fingerprint
+from shimgen.files import exclusive_if_free, shimgen_fingerprint
 from shimgen.inductor import internals
 
 IDLE_SECONDS = 600.0
@@ -169,15 +169,8 @@ def _start(base: Path, path: Path) -> socket.socket | None:
 
 
 def _held(lock: Path) -> bool:
-    import fcntl
-
-    with open(lock, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle, fcntl.LOCK_UN)
-    return False
+    with exclusive_if_free(lock) as free:
+        return not free
 
 
 def serve(base: Path) -> None:

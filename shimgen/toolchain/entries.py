@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shimgen.errors import UserError
-from shimgen.files import LockHeld, exclusive
+from shimgen.files import LockHeld, exclusive, exclusive_if_free
 from shimgen.toolchain import cache_dir
 
 LIMIT_ENV = "SHIMGEN_CACHE_LIMIT"
@@ -29,7 +29,11 @@ _REMOVING = ".removing"
 
 
 def location(kind: str, key: str) -> Path:
-    return cache_dir().parent / kind / key
+    return _folder(kind) / key
+
+
+def _folder(kind: str) -> Path:
+    return cache_dir().parent / kind
 
 
 def limit() -> int | None:
@@ -78,7 +82,7 @@ def listed() -> list[Entry]:
     """The cache's entries, least recently used first."""
     entries = []
     for kind in KINDS:
-        folder = cache_dir().parent / kind
+        folder = _folder(kind)
         for root in folder.iterdir() if folder.is_dir() else ():
             if root.is_dir() and "." not in root.name:
                 use = _beside(root, ".use")
@@ -115,12 +119,8 @@ def _in_use(root: Path) -> Iterator[None]:
 def _remove_unheld(root: Path) -> bool:
     """Remove `root` unless a build is making or using it."""
     with ExitStack() as stack:
-        for suffix in (".lock", ".use"):
-            handle = stack.enter_context(open(_beside(root, suffix), "a"))
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return False
+        if not all(stack.enter_context(exclusive_if_free(_beside(root, suffix))) for suffix in (".lock", ".use")):
+            return False
         # Renamed first: an entry half removed must not look like one to use. The lock files stay (empty): one
         # unlinked while another process waits on it would let two hold "the" lock at once.
         doomed = _beside(root, _REMOVING)
@@ -133,16 +133,12 @@ def _remove_unheld(root: Path) -> bool:
 def _remove_abandoned() -> None:
     """The staging folders of interrupted builds and the remains of interrupted removals."""
     for kind in KINDS:
-        folder = cache_dir().parent / kind
+        folder = _folder(kind)
         for suffix in (_STAGING, _REMOVING):
             for path in folder.glob(f"*{suffix}") if folder.is_dir() else ():
-                root = path.with_name(path.name.removesuffix(suffix))
-                with open(_beside(root, ".lock"), "a") as handle:
-                    try:
-                        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:
-                        continue  # being made now
-                    shutil.rmtree(path, ignore_errors=True)
+                with exclusive_if_free(_beside(path.with_name(path.name.removesuffix(suffix)), ".lock")) as free:
+                    if free:  # else it is being made now
+                        shutil.rmtree(path, ignore_errors=True)
 
 
 def _beside(root: Path, suffix: str) -> Path:
