@@ -46,15 +46,14 @@ def built_counter(workdir: Path) -> dict[str, Any]:
 
 
 def eager_counter() -> Any:
-    import sys
+    from shimgen.trace import entry
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "projects"))
-    try:
+    # In the project's scope: an earlier in-process build with custom ops keeps its own project's `models` package.
+    with entry.project_scope(Path(__file__).resolve().parents[2] / "projects"):
         from models.stateful import Counter
-    finally:
-        sys.path.pop(0)
-    torch.manual_seed(0)  # the spec's seed: the graphs' weights
-    return Counter().eval()
+
+        torch.manual_seed(0)  # the spec's seed: the graphs' weights
+        return Counter().eval()
 
 
 def test_calls_see_every_earlier_update_across_graphs(built_counter: dict[str, Any]) -> None:

@@ -1225,14 +1225,15 @@ def test_a_package_the_caller_imported_from_elsewhere_does_not_shadow_the_projec
                 del sys.modules[name]
 
 
-def test_a_projects_namespace_package_is_not_left_behind(tmp_path: Path) -> None:
+def test_a_projects_namespace_package_is_not_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A project's `models` directory without __init__.py is a namespace package (no file): it goes with the project's
     scope like its modules, else a later `import models.x` of another directory looks only in this one."""
     from shimgen.trace import entry
 
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "net.py").write_text("VALUE = 1\n")
-    assert "models" not in sys.modules
+    for name in [name for name in sys.modules if name == "models" or name.startswith("models.")]:
+        monkeypatch.delitem(sys.modules, name)  # an earlier test's, given back when this one ends
     with entry.project_scope(tmp_path):
         assert importlib.import_module("models.net").VALUE == 1
         assert sys.modules["models"].__file__ is None
