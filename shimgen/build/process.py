@@ -139,10 +139,23 @@ def fork_spare_interpreter() -> None:
     """Fork two children that each later run one Python function in place of a new interpreter, one for `run_python`
     and one for `start_in_spare`. Called where this process is what a new interpreter would be once it has imported
     torch (a build server's child, before the build): a build then does not pay again for starting Python and
-    importing torch to check its package."""
+    importing torch to check its package. Nothing is forked from a process that already runs other threads: a child
+    forked after torch has run an op on OpenMP's threads hangs in its first parallel op (their pool is not forked)."""
     global _spare, _background_spare
+    if os_threads() > 1:
+        return
     _spare = _fork_spare()
     _background_spare = _fork_spare(_spare)
+
+
+def os_threads() -> int:
+    """This process's threads, native ones (OpenMP's, a library's) included where the system lists them."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+
+        return threading.active_count()
 
 
 def _fork_spare(other: _Spare | None = None) -> _Spare:

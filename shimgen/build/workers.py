@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shimgen.build import libraries
+from shimgen.build import libraries, process
 from shimgen.errors import SpecError, SpecErrors, UserError
 from shimgen.inductor import codegen, compat
 from shimgen.inductor.lockfile import Timings
@@ -127,7 +127,7 @@ def run_all(
                 errors[k] = exc
                 continue
             done(name, result, start, time.time())
-    elif fork and _single_threaded():  # a process with threads (an OpenMP team) cannot be forked safely: spawned
+    elif fork and process.os_threads() == 1:  # a process with threads (an OpenMP team) cannot be forked safely: spawned
         for k, outcome in _forked(tasks, work, workers, threads):
             if isinstance(outcome, BaseException):
                 errors[k] = outcome
@@ -181,15 +181,6 @@ def _forked(
             if outcome is None:
                 outcome = RuntimeError(f"a worker process died (exit status {process.exitcode}) before it answered")
             yield k, outcome
-
-
-def _single_threaded() -> bool:
-    try:
-        return len(os.listdir("/proc/self/task")) == 1
-    except OSError:
-        import threading
-
-        return threading.active_count() == 1
 
 
 def _send_outcome(sender: Any, work: Callable[[T], Any], task: T, threads: int) -> None:

@@ -291,7 +291,7 @@ class _ImportedAhead:
             refused = set(self.unsafe_file.read_text().split())
         except OSError:
             refused = set()
-        threads, tasks = threading.active_count(), _tasks()
+        threads, tasks = threading.active_count(), process.os_threads()
         own = {"PYTORCH_NVML_BASED_CUDA_CHECK"}  # set by the server itself, for its own imports
         before = {k: v for k, v in os.environ.items() if k not in own}
         with libraries.reading_env() as read:
@@ -301,7 +301,7 @@ class _ImportedAhead:
             self.read_env = {libraries.ALL: None, **before}
         self.read_env.update({k: before.get(k) for k in read - own if k != libraries.ALL})
         self.set_env.update({k: v for k, v in os.environ.items() if k not in own and before.get(k) != v})
-        if threading.active_count() > threads or _tasks() > tasks:
+        if threading.active_count() > threads or process.os_threads() > tasks:
             why = "importing libraries ahead started a thread"
         elif not internals.fork_is_safe():
             why = "importing libraries ahead initialised CUDA's driver"
@@ -310,13 +310,6 @@ class _ImportedAhead:
         with open(self.unsafe_file, "a") as unsafe:
             unsafe.write("".join(f"{name}\n" for name in dict.fromkeys(name.split(".")[0] for name, _ in names)))
         return why
-
-
-def _tasks() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 0
 
 
 def _answer(conn: socket.socket, status: int) -> None:

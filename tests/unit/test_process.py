@@ -112,6 +112,36 @@ def test_workers_are_not_forked_from_a_process_with_threads(tmp_path: Path) -> N
     assert done.stdout.split() == ["[4194304.0,", "8388608.0]"]
 
 
+SPARE_AFTER_A_PARALLEL_REGION = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from shimgen.build import process
+torch.set_num_threads(2)
+torch.ones(1 << 22).mul_(2).sum()  # this process now has OpenMP's threads
+process.fork_spare_interpreter()
+done = process.run_python("parallel_work:main", ["3"])
+print(done.command[0], done.returncode)
+"""
+
+
+def test_no_spare_is_forked_from_a_process_with_threads(tmp_path: Path) -> None:
+    """A caller that has run torch ops before building in its own process (a notebook, a benchmark): a spare forked then
+    would wait forever in its first parallel op. The package check runs in a new interpreter instead."""
+    (tmp_path / "parallel_work.py").write_text(
+        PARALLEL_WORK + "\ndef main(argv):\n    return int(parallel(float(argv[0])) == 3 * (1 << 22))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SPARE_AFTER_A_PARALLEL_REGION, str(REPO)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    command, status = done.stdout.split()
+    assert command != "spare interpreter" and status == "1"
+
+
 def test_background_work_runs_below_the_build_in_its_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A build's warm-up (start_python): lower priority, and in the build's session, where Linux's autogroup scheduler
     weighs niceness (sessions share the CPU equally, whatever their niceness); a process group of its own, which the

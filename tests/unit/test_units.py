@@ -1174,7 +1174,17 @@ def test_a_gemm_templates_lockfile_key_leaves_out_the_machines_core_count() -> N
     assert locked_keys([two, sixteen]) == {two: two.hash_key(), sixteen: sixteen.hash_key()}
 
 
-def test_a_module_kept_from_another_project_does_not_shadow_this_one(tmp_path: Path) -> None:
+@pytest.fixture
+def without_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `models` package in sys.modules and sys.path as it is, both given back afterwards: what earlier tests in this
+    worker imported (a custom op's project package, which import_once keeps for the process) is set aside, as in a new
+    process."""
+    for name in [name for name in sys.modules if name == "models" or name.startswith("models.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def test_a_module_kept_from_another_project_does_not_shadow_this_one(tmp_path: Path, without_models: None) -> None:
     """import_once keeps a custom op's module past its project's scope; another project's scope that has a package of
     the same name imports its own (a build server's child or a test process builds several projects)."""
     from shimgen.trace import entry
@@ -1199,7 +1209,9 @@ def test_a_module_kept_from_another_project_does_not_shadow_this_one(tmp_path: P
                 del sys.modules[name]
 
 
-def test_a_package_the_caller_imported_from_elsewhere_does_not_shadow_the_projects(tmp_path: Path) -> None:
+def test_a_package_the_caller_imported_from_elsewhere_does_not_shadow_the_projects(
+    tmp_path: Path, without_models: None
+) -> None:
     """A caller that imported a `models` package of its own (a test helper, a notebook) and then builds or checks a
     project with one: the project's scope imports the project's, as a new process would, and gives the caller's back
     after. A library's package of that name stays where the project's directory has only a namespace portion."""
@@ -1225,15 +1237,13 @@ def test_a_package_the_caller_imported_from_elsewhere_does_not_shadow_the_projec
                 del sys.modules[name]
 
 
-def test_a_projects_namespace_package_is_not_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_projects_namespace_package_is_not_left_behind(tmp_path: Path, without_models: None) -> None:
     """A project's `models` directory without __init__.py is a namespace package (no file): it goes with the project's
     scope like its modules, else a later `import models.x` of another directory looks only in this one."""
     from shimgen.trace import entry
 
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "net.py").write_text("VALUE = 1\n")
-    for name in [name for name in sys.modules if name == "models" or name.startswith("models.")]:
-        monkeypatch.delitem(sys.modules, name)  # an earlier test's, given back when this one ends
     with entry.project_scope(tmp_path):
         assert importlib.import_module("models.net").VALUE == 1
         assert sys.modules["models"].__file__ is None
