@@ -291,7 +291,7 @@ class _ImportedAhead:
             refused = set(self.unsafe_file.read_text().split())
         except OSError:
             refused = set()
-        threads, tasks = threading.active_count(), process.os_threads()
+        threads, tasks, forkable = threading.active_count(), process.os_threads(), internals.fork_is_safe()
         own = {"PYTORCH_NVML_BASED_CUDA_CHECK"}  # set by the server itself, for its own imports
         before = {k: v for k, v in os.environ.items() if k not in own}
         with libraries.reading_env() as read:
@@ -303,7 +303,7 @@ class _ImportedAhead:
         self.set_env.update({k: v for k, v in os.environ.items() if k not in own and before.get(k) != v})
         if threading.active_count() > threads or process.os_threads() > tasks:
             why = "importing libraries ahead started a thread"
-        elif not internals.fork_is_safe():
+        elif forkable and not internals.fork_is_safe():
             why = "importing libraries ahead initialised CUDA's driver"
         else:
             return None

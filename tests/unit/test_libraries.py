@@ -131,3 +131,24 @@ def test_a_server_serves_only_environments_that_agree_with_what_its_imports_read
         assert "FAKELIB_OPTION" in (ahead.unusable_for({**client, "FAKELIB_OPTION": "1"}) or "")
     finally:
         os.environ.pop("FAKELIB_SET", None)
+
+
+def test_a_library_that_starts_a_thread_on_import_is_refused_from_then_on(site: Path, tmp_path: Path) -> None:
+    """A server with a thread of a library's cannot fork its builds safely: it steps down, and the next server does not
+    import that library ahead."""
+    from shimgen.commands.server import _ImportedAhead
+
+    (site / "fakelib" / "__init__.py").write_text(
+        "import threading\nSTOP = threading.Event()\nthreading.Thread(target=STOP.wait, daemon=True).start()\n"
+    )
+    noted = f"fakelib\t{site / 'fakelib' / '__init__.py'}\n"
+    (tmp_path / "key.imports").write_text(noted)
+    try:
+        assert _ImportedAhead(tmp_path / "key").import_noted() == "importing libraries ahead started a thread"
+    finally:
+        sys.modules["fakelib"].STOP.set()
+    assert (tmp_path / "key.unsafe-imports").read_text().split() == ["fakelib"]
+    del sys.modules["fakelib"]
+    (tmp_path / "key.imports").write_text(noted)
+    assert _ImportedAhead(tmp_path / "key").import_noted() is None
+    assert "fakelib" not in sys.modules, "refused"
