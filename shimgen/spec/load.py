@@ -452,6 +452,9 @@ def _validate_dim(name: str, dim: Dim, dw: str) -> None:
         _multiple(size, step, f"{dw}.specialize[{k}]", dim.min, dim.max)
         if dim.specialize.index(size) != k:
             raise SpecError("", f"{dw}.specialize[{k}]", f"size {size} is listed twice")
+    if dim.min == 1 and dim.max == 2 and 1 not in dim.specialize:
+        # The dynamic code is compiled for sizes of 2 and up, which here leaves 2 alone: it would fail at 1.
+        dim.specialize.append(1)
     if dim.example is None:
         dim.example = max(2, dim.min, (dim.min + dim.max) // 2 // step * step)
         return

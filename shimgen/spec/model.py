@@ -71,7 +71,11 @@ class Dim:
         "Largest size the package accepts for this dimension: above min, and at most 2**63 - 2, the largest size "
         "torch.export supports for a dim (sys.maxsize - 1). For 'no limit', write a large max and a small example.",
     )
-    min: int = doc("Smallest size the package accepts for this dimension (at least 1).", default=1)
+    min: int = doc(
+        "Smallest size the package accepts for this dimension (at least 1). A range of [1, 2] builds size 1 as a "
+        "specialized variant: a dynamic dim's code is compiled for sizes of 2 and up, which leaves only 2.",
+        default=1,
+    )
     example: int | None = doc(
         "Size used for tracing and example inputs; default: the middle of [min, max] (rounded down to a multiple "
         "of multiple_of), at least 2 (torch.export specializes sizes 0 and 1). The example inputs together may "

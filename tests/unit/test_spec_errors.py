@@ -548,6 +548,16 @@ def test_default_example_is_a_multiple(tmp_path: Path, table: str, example: int)
     assert load_spec(spec).graph[0].dims["batch"].example == example
 
 
+def test_a_range_of_one_and_two_builds_one_as_a_variant(tmp_path: Path) -> None:
+    """Inductor compiles a dynamic dim for sizes of 2 and up: for [1, 2] that is the size 2 alone (a BERT built so
+    failed its package check at batch 1)."""
+    spec = tmp_path / "dims.toml"
+    spec.write_text(dims("{ min = 1, max = 2 }"))
+    assert load_spec(spec).graph[0].dims["batch"].specialize == [1]
+    spec.write_text(dims("{ min = 1, max = 3 }"))
+    assert load_spec(spec).graph[0].dims["batch"].specialize == []
+
+
 def test_out_is_not_a_directory(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "file").write_text("")
     assert main(["build", str(workdir / "projects" / "mlp.toml"), "--out", str(tmp_path / "file" / "out")]) == 2
