@@ -81,6 +81,9 @@ import torch
 def parallel(task):
     torch.set_num_threads(2)
     return torch.ones(1 << 22).mul_(task).sum().item()
+
+def main(argv):
+    return int(parallel(float(argv[0])) == 3 * (1 << 22))
 """
 
 AFTER_A_PARALLEL_REGION = """
@@ -100,16 +103,21 @@ def test_workers_are_not_forked_from_a_process_with_threads(tmp_path: Path) -> N
     """A process that has run an OpenMP parallel region has threads that a forked child lacks: the child's first
     parallel region would wait forever (a build server's child that traced a variant in itself, then forked its
     codegen). Such a process spawns its workers instead."""
+    assert _after_a_parallel_region(tmp_path, AFTER_A_PARALLEL_REGION, 60) == ["[4194304.0,", "8388608.0]"]
+
+
+def _after_a_parallel_region(tmp_path: Path, script: str, timeout: int) -> list[str]:
+    """The words `script` printed, run in a new interpreter with parallel_work importable."""
     (tmp_path / "parallel_work.py").write_text(PARALLEL_WORK)
     done = subprocess.run(
-        [sys.executable, "-c", AFTER_A_PARALLEL_REGION, str(REPO)],
+        [sys.executable, "-c", script, str(REPO)],
         capture_output=True,
         text=True,
         env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-        timeout=60,
+        timeout=timeout,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["[4194304.0,", "8388608.0]"]
+    return done.stdout.split()
 
 
 SPARE_AFTER_A_PARALLEL_REGION = """
@@ -127,18 +135,7 @@ print(done.command[0], done.returncode)
 def test_no_spare_is_forked_from_a_process_with_threads(tmp_path: Path) -> None:
     """A caller that has run torch ops before building in its own process (a notebook, a benchmark): a spare forked then
     would wait forever in its first parallel op. The package check runs in a new interpreter instead."""
-    (tmp_path / "parallel_work.py").write_text(
-        PARALLEL_WORK + "\ndef main(argv):\n    return int(parallel(float(argv[0])) == 3 * (1 << 22))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", SPARE_AFTER_A_PARALLEL_REGION, str(REPO)],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    command, status = done.stdout.split()
+    command, status = _after_a_parallel_region(tmp_path, SPARE_AFTER_A_PARALLEL_REGION, 120)
     assert command != "spare interpreter" and status == "1"
 
 
