@@ -139,23 +139,47 @@ def fork_spare_interpreter() -> None:
     """Fork two children that each later run one Python function in place of a new interpreter, one for `run_python`
     and one for `start_in_spare`. Called where this process is what a new interpreter would be once it has imported
     torch (a build server's child, before the build): a build then does not pay again for starting Python and
-    importing torch to check its package. Nothing is forked from a process that already runs other threads: a child
-    forked after torch has run an op on OpenMP's threads hangs in its first parallel op (their pool is not forked)."""
+    importing torch to check its package. Nothing is forked from a process whose threads a fork keeps: a child forked
+    after torch has run an op on OpenMP's threads hangs in its first parallel op (their pool is not forked)."""
     global _spare, _background_spare
-    if os_threads() > 1:
+    if threads_a_fork_keeps():
         return
     _spare = _fork_spare()
     _background_spare = _fork_spare(_spare)
 
 
-def os_threads() -> int:
-    """This process's threads, native ones (OpenMP's, a library's) included where the system lists them."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        import threading
+# Threads that a fork keeps but that are safe to fork beside: jemalloc's background thread (pyarrow's allocator, which
+# pandas and scikit-learn import), whose own fork handlers take its locks and start it again in the child.
+_FORK_SAFE_THREADS = frozenset({"jemalloc_bg_thd"})
 
-        return threading.active_count()
+
+def threads_a_fork_keeps() -> list[str]:
+    """The names of this process's other threads that run on while it forks, found by forking once. A fork first stops
+    the pools that libraries start again on demand, such as OpenBLAS's (cores - 1 threads, started when numpy is
+    imported, so whenever torch is); an OpenMP team or a Python thread stays, and a child forked beside it can hang
+    in its first parallel op or find a lock held."""
+    import threading
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python's warning about forking beside threads
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover  (the probe child)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    try:
+        tasks = [t for t in os.listdir("/proc/self/task") if int(t) != threading.get_native_id()]
+    except OSError:
+        return ["thread"] * (threading.active_count() - 1)
+    names = []
+    for task in tasks:
+        try:
+            name = Path("/proc/self/task", task, "comm").read_text().strip()
+        except OSError:
+            continue  # it ended meanwhile
+        if name not in _FORK_SAFE_THREADS:
+            names.append(name)
+    return sorted(names)
 
 
 def _fork_spare(other: _Spare | None = None) -> _Spare:

@@ -127,7 +127,7 @@ def run_all(
                 errors[k] = exc
                 continue
             done(name, result, start, time.time())
-    elif fork and process.os_threads() == 1:  # a process with threads (an OpenMP team) cannot be forked safely: spawned
+    elif fork and not process.threads_a_fork_keeps():  # else (an OpenMP team) forking is not safe: spawned
         for k, outcome in _forked(tasks, work, workers, threads):
             if isinstance(outcome, BaseException):
                 errors[k] = outcome

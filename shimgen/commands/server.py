@@ -34,8 +34,8 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import cast
 
@@ -291,7 +291,7 @@ class _ImportedAhead:
             refused = set(self.unsafe_file.read_text().split())
         except OSError:
             refused = set()
-        threads, tasks, forkable = threading.active_count(), process.os_threads(), internals.fork_is_safe()
+        forkable, kept = internals.fork_is_safe(), Counter(process.threads_a_fork_keeps())
         own = {"PYTORCH_NVML_BASED_CUDA_CHECK"}  # set by the server itself, for its own imports
         before = {k: v for k, v in os.environ.items() if k not in own}
         with libraries.reading_env() as read:
@@ -301,8 +301,9 @@ class _ImportedAhead:
             self.read_env = {libraries.ALL: None, **before}
         self.read_env.update({k: before.get(k) for k in read - own if k != libraries.ALL})
         self.set_env.update({k: v for k, v in os.environ.items() if k not in own and before.get(k) != v})
-        if threading.active_count() > threads or process.os_threads() > tasks:
-            why = "importing libraries ahead started a thread"
+        started = Counter(process.threads_a_fork_keeps()) - kept
+        if started:
+            why = f"importing libraries ahead started a thread that a fork keeps ({', '.join(sorted(started))})"
         elif forkable and not internals.fork_is_safe():
             why = "importing libraries ahead initialised CUDA's driver"
         else:

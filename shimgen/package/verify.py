@@ -127,6 +127,20 @@ def program_for(models: GraphModels, sizes: dict[str, int]) -> Path:
     return models.programs[0][1]
 
 
+def _size_one_hint(models: GraphModels, sizes: dict[str, int]) -> str:
+    """Where the dynamic code ran at a dim's size 1: Inductor compiles it for sizes of 2 and up, and a model's code can
+    be wrong at 1; a variant of that size is compiled for it."""
+    if program_for(models, sizes) != models.programs[0][1]:
+        return ""
+    ones = [f"'{dim}'" for dim, size in sizes.items() if size == 1]
+    if not ones:
+        return ""
+    return (
+        f" (the dynamic code ran at size 1 of {', '.join(ones)}: Inductor compiles a dynamic dim for sizes of 2 and up; "
+        "`specialize = [1]` in the dim's table builds size 1 as a variant of its own)"
+    )
+
+
 def input_bytes(graph: Graph, sizes: dict[str, int]) -> int:
     import torch
 
@@ -160,7 +174,9 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
             try:
                 got = call_model(getattr(package, models.graph.name), models.graph, inputs)
             except Exception as exc:
-                report.failure = f"{where}: the call failed: {type(exc).__name__}: {_first_line(exc)}"
+                report.failure = (
+                    f"{where}: the call failed: {type(exc).__name__}: {_first_line(exc)}{_size_one_hint(models, sizes)}"
+                )
                 return
         call = _Call(models, where, sizes, inputs, internals.tensor_leaves(got), _package_state(package, models))
         if ahead:  # kept until compared: what the package returns may be reused by its next call
@@ -220,7 +236,7 @@ def _compare(called: list[_Call], known: _References, programs: _Programs, repor
         except Exception as exc:
             difference = f"its output or state cannot be compared with the traced program's: {type(exc).__name__}: {_first_line(exc)}"
         if difference:
-            report.failure = f"{call.where}: {difference}"
+            report.failure = f"{call.where}: {difference}{_size_one_hint(call.models, call.sizes)}"
             return False
         report.cases.append(call.where)
     return True

@@ -144,7 +144,8 @@ def test_a_library_that_starts_a_thread_on_import_is_refused_from_then_on(site: 
     noted = f"fakelib\t{site / 'fakelib' / '__init__.py'}\n"
     (tmp_path / "key.imports").write_text(noted)
     try:
-        assert _ImportedAhead(tmp_path / "key").import_noted() == "importing libraries ahead started a thread"
+        why = _ImportedAhead(tmp_path / "key").import_noted()
+        assert why is not None and why.startswith("importing libraries ahead started a thread that a fork keeps")
     finally:
         sys.modules["fakelib"].STOP.set()
     assert (tmp_path / "key.unsafe-imports").read_text().split() == ["fakelib"]
@@ -152,3 +153,21 @@ def test_a_library_that_starts_a_thread_on_import_is_refused_from_then_on(site: 
     (tmp_path / "key.imports").write_text(noted)
     assert _ImportedAhead(tmp_path / "key").import_noted() is None
     assert "fakelib" not in sys.modules, "refused"
+
+
+def test_a_library_whose_threads_stop_at_a_fork_is_imported_ahead(site: Path, tmp_path: Path) -> None:
+    """A pool that a library stops when the process forks and starts again when used, as OpenBLAS does (scipy and
+    OpenCV start it on import), leaves the server safe to fork its builds."""
+    from shimgen.commands.server import _ImportedAhead
+
+    (site / "fakelib" / "__init__.py").write_text(
+        "import os, threading\n"
+        "STOP = threading.Event()\n"
+        "POOL = threading.Thread(target=STOP.wait, daemon=True)\n"
+        "POOL.start()\n"
+        "os.register_at_fork(before=lambda: (STOP.set(), POOL.join()))\n"
+    )
+    (tmp_path / "key.imports").write_text(f"fakelib\t{site / 'fakelib' / '__init__.py'}\n")
+    assert _ImportedAhead(tmp_path / "key").import_noted() is None
+    assert "fakelib" in sys.modules and not sys.modules["fakelib"].POOL.is_alive()
+    assert not (tmp_path / "key.unsafe-imports").exists()

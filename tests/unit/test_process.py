@@ -139,6 +139,26 @@ def test_no_spare_is_forked_from_a_process_with_threads(tmp_path: Path) -> None:
     assert command != "spare interpreter" and status == "1"
 
 
+SPARE_BESIDE_A_BLAS_POOL = """
+import os, sys, torch  # torch imports numpy, whose OpenBLAS starts a pool of threads at once
+sys.path.insert(0, sys.argv[1])
+from shimgen.build import process
+threads = len(os.listdir("/proc/self/task"))
+process.fork_spare_interpreter()
+done = process.run_python("parallel_work:main", ["3"])
+print(threads, done.command[0].replace(" ", "-"), done.returncode)
+"""
+
+
+def test_a_spare_is_forked_beside_a_pool_that_stops_at_a_fork(tmp_path: Path) -> None:
+    """The `shimgen build` that builds in its own process has imported torch, and with it numpy, whose OpenBLAS pool
+    stops at a fork and starts again when used: its spare is forked, and runs parallel work."""
+    threads, command, status = _after_a_parallel_region(tmp_path, SPARE_BESIDE_A_BLAS_POOL, 120)
+    if threads == "1":
+        pytest.skip("numpy started no thread pool here (one core, or a numpy without OpenBLAS): nothing to fork beside")
+    assert (command, status) == ("spare-interpreter", "1")
+
+
 def test_background_work_runs_below_the_build_in_its_session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A build's warm-up (start_python): lower priority, and in the build's session, where Linux's autogroup scheduler
     weighs niceness (sessions share the CPU equally, whatever their niceness); a process group of its own, which the

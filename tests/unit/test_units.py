@@ -1567,7 +1567,27 @@ def test_package_check_takes_the_references_computed_ahead_state_included(tmp_pa
         assert report.failure.startswith("graph[0] (forward, cpu) at smallest (batch=1): output 0 differs"), report
         report = verify.Report()
         verify.run(checked, _CountingPackage(1.0, reported=2.0), report, lambda r: None)
-        assert report.failure.endswith("at smallest (batch=1): the state 'count' differs from the traced program's")
+        assert "at smallest (batch=1): the state 'count' differs from the traced program's" in report.failure
+
+
+def test_a_difference_of_the_dynamic_code_at_size_one_suggests_a_variant(tmp_path: Path) -> None:
+    """Inductor compiles a dynamic dim for sizes of 2 and up: where the dynamic code is wrong at size 1, the message
+    names the dims at 1 and `specialize = [1]`; where a variant of size 1 ran, it does not."""
+    from shimgen.package import verify
+
+    plan = _counting_plan(tmp_path)
+    report = verify.Report()
+    verify.run(plan, _CountingPackage(1.5), report, lambda r: None)
+    assert report.failure.endswith(
+        "of 'batch': Inductor compiles a dynamic dim for sizes of 2 and up; "
+        "`specialize = [1]` in the dim's table builds size 1 as a variant of its own)"
+    )
+    shutil.copy(tmp_path / "forward.pt2", tmp_path / "forward_batch1.pt2")
+    dynamic = plan.graphs[0].programs[0]
+    variant = replace(plan.graphs[0], programs=(dynamic, ((("batch", 1),), tmp_path / "forward_batch1.pt2")))
+    report = verify.Report()
+    verify.run(replace(plan, graphs=(variant,)), _CountingPackage(1.5), report, lambda r: None)
+    assert "at smallest (batch=1): output 0 differs" in report.failure and "specialize" not in report.failure
 
 
 def test_package_check_computes_what_the_references_left_from_the_state_they_reached(
