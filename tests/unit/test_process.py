@@ -151,8 +151,8 @@ print(threads, done.command[0].replace(" ", "-"), done.returncode)
 
 
 def test_a_spare_is_forked_beside_a_pool_that_stops_at_a_fork(tmp_path: Path) -> None:
-    """The `shimgen build` that builds in its own process has imported torch, and with it numpy, whose OpenBLAS pool
-    stops at a fork and starts again when used: its spare is forked, and runs parallel work."""
+    """A process that has imported torch, and with it numpy, whose OpenBLAS pool stops at a fork and starts again when
+    used (the pool a build server's imports or a build's trace start): its spare is forked, and runs parallel work."""
     threads, command, status = _after_a_parallel_region(tmp_path, SPARE_BESIDE_A_BLAS_POOL, 120)
     if threads == "1":
         pytest.skip("numpy started no thread pool here (one core, or a numpy without OpenBLAS): nothing to fork beside")
