@@ -4,7 +4,8 @@ the build so that the next build's children have them already (3 s of a MiniLM t
 A trace notes them in the file named by $SHIMGEN_SERVER_IMPORTS (set in a server's child). The server imports them
 where that leaves it safe to fork (no thread started that a fork keeps, CUDA's driver not asked), and keeps the
 modification time of every file it imported: a library changed since (a `pip install`) makes the server step down,
-so that no build sees a stale module. Project code is never imported ahead: only modules whose file is in a site-packages directory."""
+so that no build sees a stale module. Project code is never imported ahead: only modules whose file is in a
+site-packages directory."""
 
 from __future__ import annotations
 
