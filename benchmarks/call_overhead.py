@@ -229,9 +229,10 @@ def main() -> None:
     report(
         f"\nTime per call: median of {blocks} blocks of about {block_seconds} s per contender, the contenders' blocks taking "
         "turns. Every compiled contender compiles the program shimgen exports (the spec's model, example inputs, dynamic "
-        "dims), under the case's thread count, and is checked against eager first. AOTI runs through its loader's `run`; "
-        "ONNX Runtime through `InferenceSession.run` on numpy views of the inputs (CPU execution provider, intra-op "
-        "threads = the case's, inter-op 1), its model exported by `torch.onnx.export(..., dynamo=True)`."
+        "dims), under the case's thread count (shimgen's build: OMP_NUM_THREADS), and is checked against eager first. "
+        "AOTI runs through its loader's `run`; ONNX Runtime through `InferenceSession.run` on numpy views of the inputs "
+        "(CPU execution provider, intra-op threads = the case's, inter-op 1), its model exported by "
+        "`torch.onnx.export(..., dynamo=True)`."
     )
 
     models = [m for m in MODELS if not args.case or any(c.key in args.case for c in m.cases)]
@@ -241,8 +242,10 @@ def main() -> None:
     for model in models:
         spec_path = REPO / "projects" / model.spec
         if model.spec not in summaries:
-            print(f"shimgen build projects/{model.spec}", flush=True)
-            summaries[model.spec] = shimgen_build(spec_path, tmp)[1]
+            # Built for the threads its cases run (oneDNN packs weights for them), as a user sets them for a build.
+            threads = max(m.threads for m in MODELS if m.spec == model.spec)
+            print(f"OMP_NUM_THREADS={threads} shimgen build projects/{model.spec}", flush=True)
+            summaries[model.spec] = shimgen_build(spec_path, tmp, {**os.environ, "OMP_NUM_THREADS": str(threads)})[1]
         summary = summaries[model.spec]
         spec = load_spec(spec_path)
         torch.set_num_threads(model.threads)

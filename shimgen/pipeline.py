@@ -707,6 +707,7 @@ def _generate_all(
                     where=f"graph[{i}]",
                     scalar_kernels=why,
                     vec_isas=None if gpu or why else _vec_isas_record(job.tools().tc),
+                    onednn_threads=codegen.packing_threads(target, spec.flags),
                 ),
             )
         )

@@ -54,6 +54,7 @@ class CodegenTask:
     where: str
     scalar_kernels: str = ""  # why the CPU kernels are generated without vectorization
     vec_isas: Path | None = None  # where the compiler's and CPU's vector ISAs are kept (codegen._vec_isas_kept)
+    onednn_threads: int | None = None  # what oneDNN's weights are packed for (codegen.packing_threads)
 
 
 def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
@@ -80,6 +81,7 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
             task.retune,
             scalar_kernels=task.scalar_kernels,
             vec_isas=task.vec_isas,
+            onednn_threads=task.onednn_threads,
         )
     except SpecError:
         raise

@@ -145,6 +145,18 @@ def uses_onednn(target: Target, flags: Flags) -> bool:
     return not devices.device(target.device).gpu and flags.onednn and target.isa == "native"
 
 
+def packing_threads(target: Target, flags: Flags) -> int | None:
+    """The threads oneDNN's weights are packed for, where the build packs any: the target's, else the threads torch runs
+    in this process (the one that plans the build, never a worker: workers run fewer)."""
+    if not (flags.freezing and uses_onednn(target, flags)):
+        return None
+    if target.threads is not None:
+        return target.threads
+    import torch
+
+    return torch.get_num_threads()
+
+
 def values_compiled(flags: Flags) -> bool:
     """Whether the generated code depends on the weights' values, not only on their names, dtypes and shapes: it embeds
     them, or freezing folds them at build time."""
@@ -181,6 +193,7 @@ def codegen_key(
         inductor_configs(target, flags, vectorize=vectorize),
         flags.onednn,
         flags.split,
+        packing_threads(target, flags),
         shimgen_fingerprint(),
     )
 
@@ -207,12 +220,14 @@ def generate(
     retune: bool = False,
     scalar_kernels: str = "",
     vec_isas: Path | None = None,
+    onednn_threads: int | None = None,
 ) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
     for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
     dispatcher at run time. Kernel choices come from the `locked` timings where they have them (unless `retune`).
     With `scalar_kernels` (why), the CPU kernels are not vectorized. `vec_isas` keeps which vector ISAs the compiler
-    and CPU support (`_vec_isas_kept`). The directory is replaced whole, only on success."""
+    and CPU support (`_vec_isas_kept`); oneDNN's weights are packed for `onednn_threads` (`packing_threads`). The
+    directory is replaced whole, only on success."""
     import torch
 
     staging = out_dir.with_name(out_dir.name + ".new")
@@ -233,6 +248,7 @@ def generate(
                 _quiet_autotuning(),
                 per_device,
                 _state_not_folded(),
+                _folded_at_threads(onednn_threads),
                 _templates_compiled_once(),
                 kernel_choice.recorded(target.device, locked, retune, flags.max_autotune or flags.tma) as recording,
                 refit.recorded(program_weights) as refitting,
@@ -298,6 +314,7 @@ def generate(
         unused_weights=tuple(weights.unused_weights(constants, program_weights)),
         state=traced.state,
         scalar_kernels=scalar_kernels,
+        packed_threads=onednn_threads if any(c.layout == "_mkldnn" for c in constants) else None,
     )
 
 
@@ -397,6 +414,32 @@ def _state_not_folded() -> Iterator[None]:
         return run_node(self, node)
 
     with mock.patch.object(ConstantFolder, "run_node", run_node_keeping_state):
+        yield
+
+
+@contextmanager
+def _folded_at_threads(threads: int | None) -> Iterator[None]:
+    """Freezing's constant folding packs weights for oneDNN, which picks a packed layout by the threads it would run,
+    and repacks at every call a weight packed for other threads (ResNet-18 at batch 1 on 2 cores: 61 ms a call packed
+    at 1 thread, 39 ms at 2). The codegen worker runs fewer threads (1 while CPU GEMMs are timed), so folding runs at
+    the package's."""
+    if threads is None:
+        yield
+        return
+    import torch
+    from torch._inductor.constant_folding import ConstantFolder
+
+    run = ConstantFolder.run
+
+    def run_at_threads(self: Any, *args: Any, **kwargs: Any) -> Any:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            torch.set_num_threads(before)
+
+    with mock.patch.object(ConstantFolder, "run", run_at_threads):
         yield
 
 

@@ -349,6 +349,9 @@ def render_project(
                 next(u.code.out_nodes for u in units if u.graph is g),
                 spec.runtime.instances,
                 any(not devices.device(t.device).gpu for t in spec.target),
+                packed_threads=next(
+                    (u.code.packed_threads for u in units if u.graph is g and u.code.packed_threads), None
+                ),
                 state=next(u.code.state for u in units if u.graph is g),
                 made=next(u.variants for u in units if u.graph is g),
             )
@@ -607,6 +610,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
             cuda_graphs,
             u.code.state,
             u.variants,
+            u.code.packed_threads,
         ),
     }
 
@@ -647,10 +651,10 @@ def docstring(
     cuda_graphs: bool = False,
     state: tuple[str, ...] = (),
     made: tuple[Variant, ...] = (),
+    packed_threads: int | None = None,
 ) -> str:
-    """The callable's docstring; `instances` and `cpu` add how calls share threads, `state` what the graph mutates,
-    `made`
-    its variants."""
+    """The callable's docstring; `instances` and `cpu` add how calls share threads (`packed_threads`, what oneDNN's
+    weights are packed for), `state` what the graph mutates, `made` its variants."""
     positional = [i.name for i in graph.inputs if not i.keyword]
     keyword = [i.name for i in graph.inputs if i.keyword]
     params = ", ".join(positional + (["*"] + keyword if keyword else []))
@@ -692,6 +696,11 @@ def docstring(
             "Threads: CPU kernels run on as many threads as torch.get_num_threads() gives in the calling thread at the "
             "call (torch.set_num_threads); one thread runs them without an OpenMP team."
         )
+        if packed_threads:
+            lines.append(
+                f"oneDNN's weights are packed for {packed_threads} threads ([[target]] threads): calls at another "
+                "count repack them at every call, much slower."
+            )
     if instances and cuda_graphs and not graph.dims:
         instances = 1
     if state:

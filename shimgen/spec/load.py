@@ -544,9 +544,12 @@ def _validate_targets(targets: list[Target]) -> None:
             if target.archs:
                 raise SpecError("", f"{where}.archs", "archs applies to cuda targets only")
             target.isa = target.isa or "native"
+            if target.threads is not None and target.threads < 1:
+                raise SpecError("", f"{where}.threads", f"threads must be at least 1, got {target.threads}")
         else:
-            if target.isa is not None:
-                raise SpecError("", f"{where}.isa", "isa applies to cpu targets only")
+            for name in ("isa", "threads"):
+                if getattr(target, name) is not None:
+                    raise SpecError("", f"{where}.{name}", f"{name} applies to cpu targets only")
             if not target.archs:
                 raise SpecError("", f"{where}.archs", 'a cuda target needs archs, such as ["sm_90"]')
             for k, arch in enumerate(target.archs):

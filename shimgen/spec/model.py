@@ -169,6 +169,14 @@ class Target:
         "nvcc can target.",
         default_factory=list,
     )
+    threads: int | None = doc(
+        "CPU only: the threads (torch.set_num_threads) the package is tuned for. With oneDNN (native ISA, freezing), "
+        "convolution and linear weights are packed at build time for the threads oneDNN will run them on, and a call "
+        "at another count repacks them at every call (ResNet-18 at batch 1 on 2 cores: 1.6-1.7x slower). Default: the "
+        "threads torch runs in the process that builds (in a new process, one per physical core or "
+        "$OMP_NUM_THREADS).",
+        default=None,
+    )
 
 
 @dataclass

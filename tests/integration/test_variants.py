@@ -214,6 +214,18 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
     to_entry = json.loads(header["__metadata__"]["variants"])["batch1"]
     assert own and set(own) <= set(to_entry.values())
     assert set(to_entry.values()) - set(own), "the variant shares none of the dynamic code's entries"
+    # oneDNN packs a weight for the threads it will run; a call at another count repacks it at every call. Codegen
+    # workers run fewer threads than a user's process (1 while GEMMs are timed): the packing runs at the default's.
+    default = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for unit in ("forward_cpu", "forward_cpu__batch1"):
+        program = json.loads((tmp_path / "out" / "build" / "convs" / "codegen" / unit / "refit.json").read_text())
+        packed_at = {step["threads"] for step in program["steps"] if step["op"].startswith("mkldnn::")}
+        assert packed_at == {int(default.stdout)}, unit
     refit = textwrap.dedent("""
         import json, sys, torch
         sys.path[:0] = [sys.argv[1], sys.argv[2]]

@@ -131,6 +131,16 @@ CASES = [
         "target[0].isa: isa applies to cpu targets only",
     ),
     (
+        "threads on cuda",
+        PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cuda"\nthreads = 4\narchs = ["sm_90"]\n',
+        "target[0].threads: threads applies to cpu targets only",
+    ),
+    (
+        "no threads",
+        PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cpu"\nthreads = 0\n',
+        "target[0].threads: threads must be at least 1, got 0",
+    ),
+    (
         "bad isa",
         PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cpu"\nisa = "sse9"\n',
         "target[0].isa: 'sse9' is not a valid isa (expected one of: native, avx2, avx512, default)",

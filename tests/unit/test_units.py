@@ -38,6 +38,7 @@ from shimgen.inductor.codegen import (
     compile_flags,
     inductor_configs,
     model_source,
+    packing_threads,
     shared_interface,
     short_fused_name,
     split_wrapper,
@@ -408,6 +409,17 @@ def test_cpu_configs(isa: str, onednn: bool, simdlen: int | None) -> None:
     assert not {k for k in configs if "kernel_binary" in k or "multi_arch" in k}
 
 
+def test_onednn_weights_are_packed_for_the_targets_threads_else_those_of_the_planning_process() -> None:
+    native = Target(device="cpu", isa="native", threads=3)
+    assert packing_threads(native, Flags()) == 3
+    assert packing_threads(replace(native, threads=None), Flags()) == torch.get_num_threads()
+    # Nothing is packed for oneDNN without freezing, for a portable ISA or on a GPU.
+    assert packing_threads(native, Flags(freezing=False)) is None
+    assert packing_threads(native, Flags(onednn=False)) is None
+    assert packing_threads(replace(native, isa="avx2"), Flags()) is None
+    assert packing_threads(CUDA, Flags()) is None
+
+
 def test_cpu_configs_without_gemm_autotune() -> None:
     configs = inductor_configs(Target(device="cpu", isa="native"), Flags(gemm_autotune=False))
     assert not {k for k in configs if k.startswith("max_autotune_")}
@@ -658,6 +670,8 @@ def test_docstring_says_how_threads_are_chosen() -> None:
     assert threads.startswith("Threads: ") and "torch.set_num_threads" in threads
     assert calls.startswith("Calls from 3 Python threads run at once")
     assert "Threads:" not in docstring(graph, [node(TENSOR)], instances=1)
+    packed = docstring(graph, [node(TENSOR)], cpu=True, packed_threads=4).splitlines()[-2]
+    assert packed.startswith("oneDNN's weights are packed for 4 threads")
 
 
 def test_docstring_of_one_object_output_says_what_comes_back_on_the_same_line() -> None:
