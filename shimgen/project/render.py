@@ -587,6 +587,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "num_outputs": u.code.num_outputs,
         "instances": spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
+        "packed_threads": u.code.packed_threads or 0,
         "has_last_error": tc.has_last_error,
         "proxy_executor": u.code.extern_nodes is not None,
         "weights_in_file": u.code.weights_file is not None,

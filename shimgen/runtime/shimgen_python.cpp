@@ -1,6 +1,8 @@
 // shimgen runtime, CPython face (shimgen_python.h).
 #include "shimgen_python.h"
 
+#include <ATen/Parallel.h>
+
 #include <exception>
 #include <string>
 #include <unordered_map>
@@ -32,6 +34,7 @@ struct PyGraph {
   std::vector<char> object_own_type;      // object_make is the type itself (or its unflatten function)
   std::vector<PyObject*> object_context;  // kUnflatten: the context, unpickled on first use
   PyObject* module_name = nullptr;        // __module__ of the fallback namedtuples
+  bool threads_warned = false;            // warn_of_threads said it (under the GIL)
 };
 
 PyGraph& graph_of(PyObject* module) { return **static_cast<PyGraph**>(PyModule_GetState(module)); }
@@ -360,11 +363,26 @@ struct PythonBuilder {
 
 // ---- the module's functions ----
 
+// oneDNN repacks at every call a weight packed for another thread count: a call at another count than the build packed
+// for says so once, as a RuntimeWarning (false where the warning was raised as an error).
+bool warn_of_threads(PyGraph& g) {
+  if (g.spec.packed_threads <= 0 || g.threads_warned) return true;
+  const int threads = at::get_num_threads();
+  if (threads == g.spec.packed_threads) return true;
+  g.threads_warned = true;
+  return PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
+                          "%s(): called at %d threads (torch.get_num_threads()), but its oneDNN weights are packed for "
+                          "%d: each call repacks them, much slower. Build for %d threads ([[target]] threads = %d) or "
+                          "call at %d.",
+                          g.spec.name, threads, g.spec.packed_threads, threads, threads, g.spec.packed_threads) == 0;
+}
+
 PyObject* run(PyGraph& g, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   const GraphSpec& spec = g.spec;
   SmallArray<const at::TensorBase*> tensors(spec.num_inputs);
   SmallArray<int64_t> dim_values(spec.num_dims);
   if (!bind_and_check(g, args, nargs, kwnames, tensors.data(), dim_values.data())) return nullptr;
+  if (!warn_of_threads(g)) return nullptr;
   Model& model = g.core.prepare(tensors.data(), dim_values.data());
   SmallArray<at::TensorBase, 4> outputs(spec.num_outputs);
   std::exception_ptr error;

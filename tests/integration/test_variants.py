@@ -226,6 +226,36 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
         program = json.loads((tmp_path / "out" / "build" / "convs" / "codegen" / unit / "refit.json").read_text())
         packed_at = {step["threads"] for step in program["steps"] if step["op"].startswith("mkldnn::")}
         assert packed_at == {int(default.stdout)}, unit
+    other_threads = textwrap.dedent("""
+        import sys, warnings, torch
+        sys.path[:0] = [sys.argv[1]]
+        import convs
+        x = torch.randn(2, 3, 32, 32)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            convs.forward(x)
+            torch.set_num_threads(int(sys.argv[2]))
+            convs.forward(x)
+            convs.forward(x)
+        print(convs.forward.__doc__)
+        print(*(str(w.message) for w in seen), sep="\\n")
+    """)
+    called = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            other_threads,
+            str(tmp_path / "out" / "build" / "convs" / "site"),
+            str(int(default.stdout) + 1),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert called.returncode == 0, called.stderr
+    # Said in the docstring, and warned of once, at the first call at another count.
+    assert f"oneDNN's weights are packed for {default.stdout.strip()} threads" in called.stdout
+    warnings = [line for line in called.stdout.splitlines() if line.startswith("forward(): called at")]
+    assert len(warnings) == 1 and f"packed for {default.stdout.strip()}:" in warnings[0], called.stdout
     refit = textwrap.dedent("""
         import json, sys, torch
         sys.path[:0] = [sys.argv[1], sys.argv[2]]

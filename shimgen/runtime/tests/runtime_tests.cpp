@@ -172,7 +172,7 @@ const char* const kNoState[] = {nullptr};
 
 shimgen::GraphSpec spec() {
   return {"f", "_f_cpu", "cpu-native", false, kInputs, 3, 2, kDims, 2, 5, kOutNodes, 10, kObjects, 1, kVariants, 3, kNoState,
-          false, "no weights are loaded", 2, false, nullptr, ""};
+          false, "no weights are loaded", 2, false, 0, nullptr, ""};
 }
 
 // The InputError that checking these inputs throws: "TypeError: message", "ValueError: message", or "" for none.
@@ -611,9 +611,9 @@ const shimgen::VariantInfo kFakeVariants[] = {{"n1", "n=1", "f_cpu_n1.so", kN1, 
 const shimgen::OutNode kFakeOut[] = {{shimgen::kTensor, 0, nullptr, 0, -1}};
 const char* const kFakeState[] = {"model.s", nullptr};
 const shimgen::GraphSpec kFakeF = {"f", "_f_cpu", "cpu-native", false, kFakeInputs, 1, 1, kFakeDims, 1, 1, kFakeOut, 1,
-                                   nullptr, 0, kFakeVariants, 1, kFakeState, true, "no weights", 2, false, nullptr, ""};
+                                   nullptr, 0, kFakeVariants, 1, kFakeState, true, "no weights", 2, false, 0, nullptr, ""};
 const shimgen::GraphSpec kFakeG = {"g", "_g_cpu", "cpu-native", false, kFakeInputs, 1, 1, kFakeDims, 1, 1, kFakeOut, 1,
-                                   nullptr, 0, nullptr, 0, kFakeState, true, "no weights", 2, false, nullptr, ""};
+                                   nullptr, 0, nullptr, 0, kFakeState, true, "no weights", 2, false, 0, nullptr, ""};
 const char* const kFakeGraphs[] = {"f", "g"};
 const shimgen::UnitInfo kFakeUnits[] = {{&kFakeF, 0, "f_cpu.so", "f_cpu.safetensors", "f-code", "owner"},
                                         {&kFakeG, 1, "g_cpu.so", "g_cpu.safetensors", "g-code", "owner"}};
