@@ -190,6 +190,12 @@ class Unit:
         """The dynamic code and each variant's, by the name of their trace and codegen (shimgen/trace/variants.py's works)."""
         return [(self.name, self.code)] + [(f"{self.name}__{v.name}", v.code) for v in self.variants]
 
+    @property
+    def packed_threads(self) -> int | None:
+        """The threads its oneDNN weights are packed for, where its dynamic code or a variant has any (the dynamic code
+        of a convolution over a dynamic batch packs none)."""
+        return next((code.packed_threads for _, code in self.generated if code.packed_threads), None)
+
     def library(self, variant: Variant) -> str:
         """The variant's library name, without its suffix."""
         return f"_{self.name}__{variant.name}"

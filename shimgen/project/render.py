@@ -349,9 +349,7 @@ def render_project(
                 next(u.code.out_nodes for u in units if u.graph is g),
                 spec.runtime.instances,
                 any(not devices.device(t.device).gpu for t in spec.target),
-                packed_threads=next(
-                    (u.code.packed_threads for u in units if u.graph is g and u.code.packed_threads), None
-                ),
+                packed_threads=next((u.packed_threads for u in units if u.graph is g and u.packed_threads), None),
                 state=next(u.code.state for u in units if u.graph is g),
                 made=next(u.variants for u in units if u.graph is g),
             )
@@ -587,7 +585,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "num_outputs": u.code.num_outputs,
         "instances": spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
-        "packed_threads": u.code.packed_threads or 0,
+        "packed_threads": u.packed_threads or 0,
         "has_last_error": tc.has_last_error,
         "proxy_executor": u.code.extern_nodes is not None,
         "weights_in_file": u.code.weights_file is not None,
@@ -611,7 +609,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
             cuda_graphs,
             u.code.state,
             u.variants,
-            u.code.packed_threads,
+            u.packed_threads,
         ),
     }
 
