@@ -12,6 +12,7 @@ packed for other threads at every call. Before the [[target]] threads setting, c
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shutil
@@ -58,8 +59,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, help="directory for packed_threads.md")
     args = parser.parse_args()
-    import json
-
     import torch
 
     sizes = {k: int(v) for k, v in (item.split("=") for item in args.sizes.split(",") if item)}
