@@ -1,9 +1,9 @@
 // shimgen runtime: the torch <-> Python conversions the CPython face needs.
 //
 // Declared here, defined in shimgen_runtime.cpp through torch's own functions (THPVariable_Unpack,
-// THPVariable_Wrap, AOTInductor's handle helpers). That one translation unit includes torch's
-// Python headers, which cost 11-14 s to compile: the toolchain probe compiles it once per
-// toolchain, loads it, and every package links the library it proved.
+// THPVariable_Wrap, AOTInductor's handle helpers). Only the runtime library includes torch's
+// Python headers, which cost 10-20 s to compile: it is built once per toolchain in the per-user
+// cache, and every package links it.
 #pragma once
 
 #include <Python.h>

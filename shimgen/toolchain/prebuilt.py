@@ -60,7 +60,7 @@ def ensure(
 
 
 def _pch(build_dir: Path, flavor: str) -> Path:
-    gch = next(build_dir.glob(f"*{flavor}_pch*.p/{flavor}_pch.h.gch"), None)
+    gch = next(build_dir.glob(f"*.p/{flavor}_pch.h.gch"), None)
     if gch is None:
         raise BuildError(
             f"precompiled header {flavor}_pch.h.gch missing under {build_dir}; remove {build_dir.parent} and rebuild"
