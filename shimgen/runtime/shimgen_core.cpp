@@ -120,6 +120,15 @@ void check_input(const GraphSpec& spec, size_t i, const at::TensorBase& t, const
   fail_input(true, input_prefix(spec, i) + " (a " + type_name + ") cannot be read as a dense tensor: " + error);
 }
 
+std::string threads_mismatch(const GraphSpec& spec, int threads, const char* source) {
+  const int packed = spec.packed_threads;
+  if (packed <= 0 || threads == packed) return "";
+  const std::string at = std::to_string(threads), as = std::to_string(packed);
+  return std::string(spec.name) + "(): called at " + at + " threads (" + source +
+         "), but its oneDNN weights are packed for " + as + ": each call repacks them, much slower. Build for " + at +
+         " threads ([[target]] threads = " + at + ") or call at " + as + ".";
+}
+
 size_t pick_variant(const GraphSpec& spec, const int64_t* dim_values) {
   size_t best = 0, best_fixed = 0;
   for (size_t v = 0; v < spec.num_variants; ++v) {

@@ -74,6 +74,10 @@ void check_input(const GraphSpec& spec, size_t i, const at::TensorBase& t, const
 // first of those) whose every specialized dim matches, else 0, the dynamic model.
 size_t pick_variant(const GraphSpec& spec, const int64_t* dim_values);
 
+// What to tell a caller running `spec` at `threads` (as `source` reports them) where its oneDNN weights are packed for
+// another count, which makes every call repack them; "" where the counts agree or the graph packs none.
+std::string threads_mismatch(const GraphSpec& spec, int threads, const char* source);
+
 // Weights the container uses that are not its own: the tensors holding their bytes, and the handles made over them
 // (the container does not own user-managed handles).
 struct WeightSet {

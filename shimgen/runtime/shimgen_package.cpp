@@ -1,7 +1,9 @@
 // shimgen runtime, C++ package face (shimgen_package.h).
 #include "shimgen_package.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <sys/stat.h>
@@ -326,6 +328,7 @@ struct Package::Unit {
   std::unique_ptr<Graph> graph;
   std::vector<std::vector<Constant>> constants;  // per model, once started
   bool ready = false;  // started: it runs in this process (a GPU's unit: where the process has a GPU)
+  std::atomic<bool> threads_warned{false};  // threads_mismatch said it once (c10's warning handler)
 };
 
 Package::Package(const PackageInfo& info, const std::string& directory) : info_(info), directory_(directory) {
@@ -469,6 +472,10 @@ std::vector<at::Tensor> Package::run(size_t graph, const std::vector<at::Tensor>
     const char* why = "this runtime library was built without CUDA, which it needs";
 #endif
     throw Error(std::string(unit.spec.name) + "(): " + why + " (" + unit.spec.target_ids + ")");
+  }
+  if (unit.spec.packed_threads > 0 && !unit.threads_warned.load(std::memory_order_relaxed)) {
+    const std::string message = threads_mismatch(unit.spec, at::get_num_threads(), "at::get_num_threads()");
+    if (!message.empty() && !unit.threads_warned.exchange(true)) TORCH_WARN(message);
   }
   return unit.graph->run(inputs);
 }

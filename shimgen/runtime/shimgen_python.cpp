@@ -367,14 +367,10 @@ struct PythonBuilder {
 // for says so once, as a RuntimeWarning (false where the warning was raised as an error).
 bool warn_of_threads(PyGraph& g) {
   if (g.spec.packed_threads <= 0 || g.threads_warned) return true;
-  const int threads = at::get_num_threads();
-  if (threads == g.spec.packed_threads) return true;
+  const std::string message = threads_mismatch(g.spec, at::get_num_threads(), "torch.get_num_threads()");
+  if (message.empty()) return true;
   g.threads_warned = true;
-  return PyErr_WarnFormat(PyExc_RuntimeWarning, 1,
-                          "%s(): called at %d threads (torch.get_num_threads()), but its oneDNN weights are packed for "
-                          "%d: each call repacks them, much slower. Build for %d threads ([[target]] threads = %d) or "
-                          "call at %d.",
-                          g.spec.name, threads, g.spec.packed_threads, threads, threads, g.spec.packed_threads) == 0;
+  return PyErr_WarnEx(PyExc_RuntimeWarning, message.c_str(), 1) == 0;
 }
 
 PyObject* run(PyGraph& g, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import build_json, shimgen, spec_of_its_own
+from cpp_program import pkg_config_program, run_graph
 
 pytestmark = pytest.mark.slow
 
@@ -256,6 +257,14 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
     assert f"oneDNN's weights are packed for {default.stdout.strip()} threads" in called.stdout
     warnings = [line for line in called.stdout.splitlines() if line.startswith("forward(): called at")]
     assert len(warnings) == 1 and f"packed for {default.stdout.strip()}:" in warnings[0], called.stdout
+    # The C++ package says it once too, through c10's warning handler (stderr by default).
+    program = pkg_config_program(tmp_path / "out" / "build" / "convs" / "cpp", "convs", tmp_path / "run_graph")
+    x = torch.randn(2, 3, 32, 32)
+    other = str(int(default.stdout) + 1)
+    ran = run_graph(program, "forward", [x], tmp_path, "--repeat", "3", OMP_NUM_THREADS=other)
+    assert ran.returncode == 0, ran.stderr
+    said = [line for line in ran.stderr.splitlines() if f"forward(): called at {other} threads" in line]
+    assert len(said) == 1 and "(at::get_num_threads())" in said[0], ran.stderr
     refit = textwrap.dedent("""
         import json, sys, torch
         sys.path[:0] = [sys.argv[1], sys.argv[2]]

@@ -207,6 +207,16 @@ void test_checks() {
   EXPECT_EQ(check({f32({3, 4}).t()}), "ValueError: f(): input 'x' must be contiguous in memory (strides (1, 4)); call .contiguous() first");
 }
 
+void test_threads_mismatch() {
+  shimgen::GraphSpec s = spec();
+  EXPECT_EQ(shimgen::threads_mismatch(s, 3, "at::get_num_threads()"), "");  // no oneDNN weights
+  s.packed_threads = 2;
+  EXPECT_EQ(shimgen::threads_mismatch(s, 2, "at::get_num_threads()"), "");
+  EXPECT_EQ(shimgen::threads_mismatch(s, 3, "at::get_num_threads()"),
+            "f(): called at 3 threads (at::get_num_threads()), but its oneDNN weights are packed for 2: each call "
+            "repacks them, much slower. Build for 3 threads ([[target]] threads = 3) or call at 2.");
+}
+
 void test_dims_bind_across_inputs() {
   EXPECT_EQ(check({f32({4, 3}), f32({5, 10})}), "ValueError: f(): input 'y' dim 0 ('batch') is 5 but input 'x' has batch = 4");
   EXPECT_EQ(check({f32({4, 3}), f32({4, 10}), i64({12})}),
@@ -813,7 +823,7 @@ void test_external_package() {
 int main(int argc, char** argv) {
   g_fake_model = argc > 1 ? argv[1] : "";
   const std::vector<std::pair<const char*, std::function<void()>>> tests = {
-      {"checks", test_checks}, {"dims_bind_across_inputs", test_dims_bind_across_inputs}, {"dispatch", test_dispatch},
+      {"checks", test_checks}, {"threads_mismatch", test_threads_mismatch}, {"dims_bind_across_inputs", test_dims_bind_across_inputs}, {"dispatch", test_dispatch},
       {"output_tree", test_output_tree}, {"output_tree_failure", test_output_tree_failure}, {"cpp_face_errors", test_cpp_face_errors},
       {"json", test_json}, {"safetensors", test_safetensors}, {"safetensors_errors", test_safetensors_errors},
       {"weights_file", test_weights_file}, {"weights_by_name", test_weights_by_name},
