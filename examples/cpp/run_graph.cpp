@@ -1,14 +1,17 @@
 // Runs one graph of a shimgen C++ package on tensors read from a file and writes its outputs, with no Python.
 //
 //   run_graph <graph> <inputs.bin> <outputs.bin> [--device cuda] [--threads N] [--repeat N] [--then GRAPH]
-//             [--prefix DIR] [--weights FILE]
+//             [--prefix DIR] [--weights FILE] [--torch-threads N]
 //
+// --threads N calls the graph from N threads at once; --torch-threads N sets ATen's own threads within a call
+// (at::set_num_threads).
 // --repeat N calls the graph N times in a row, --then GRAPH calls another graph on the same inputs after them: the
 // outputs written are those of the last call (a graph that updates state sees every earlier call's updates).
 //
 // Tensor files: tensor_file.h. Exit status: 0, 2 for an input the package refused (std::invalid_argument), 3 for
 // any other error (std::runtime_error), 4 where threads disagreed; the message goes to stderr.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <cstdint>
 #include <cstring>
@@ -29,7 +32,7 @@ using tensor_file::write_tensors;
 int main(int argc, char** argv) {
   if (argc < 4) {
     std::cerr << "usage: run_graph <graph> <inputs.bin> <outputs.bin> [--device cuda] [--threads N] [--prefix DIR] "
-                 "[--weights FILE]\n";
+                 "[--weights FILE] [--torch-threads N]\n";
     return 1;
   }
   std::string graph = argv[1], prefix, weights, device = "cpu", then;
@@ -41,6 +44,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--device")) device = argv[i + 1];
     if (!std::strcmp(argv[i], "--repeat")) repeat = std::stoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--then")) then = argv[i + 1];
+    if (!std::strcmp(argv[i], "--torch-threads")) at::set_num_threads(std::stoi(argv[i + 1]));
   }
   try {
     PACKAGE::Package package = PACKAGE::load(prefix);

@@ -261,7 +261,7 @@ def test_weights_derived_for_a_variant_are_stored_beside_the_shared_ones(workdir
     program = pkg_config_program(tmp_path / "out" / "build" / "convs" / "cpp", "convs", tmp_path / "run_graph")
     x = torch.randn(2, 3, 32, 32)
     other = str(int(default.stdout) + 1)
-    ran = run_graph(program, "forward", [x], tmp_path, "--repeat", "3", OMP_NUM_THREADS=other)
+    ran = run_graph(program, "forward", [x], tmp_path, "--repeat", "3", "--torch-threads", other)
     assert ran.returncode == 0, ran.stderr
     said = [line for line in ran.stderr.splitlines() if f"forward(): called at {other} threads" in line]
     assert len(said) == 1 and "(at::get_num_threads())" in said[0], ran.stderr
