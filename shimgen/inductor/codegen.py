@@ -198,6 +198,24 @@ def codegen_key(
     )
 
 
+def _refuse_specialized(program: Any) -> None:
+    """A compile that fixed a dynamic size serves that size alone; the package would compute the wrong shapes at every
+    other size (its check would fail at the first), so the build stops here, saying why."""
+    fixed = internals.specialized_sizes(program)
+    if not fixed:
+        return
+    name, axis, size, guard = fixed[0]
+    traced_input = re.fullmatch(r"tensors_(\d+)", name)  # trace.entry passes the spec's inputs as *tensors
+    where = f"inputs[{traced_input[1]}]" if traced_input else name
+    by = f" (by the guard {guard})" if guard else ""
+    raise UserError(
+        f"Inductor compiled the dynamic code for {where}.shape[{axis}] = {size} alone{by}: one of its passes compared "
+        f"that size with a size of the model, which the example size {size} equals, and the package would compute "
+        "wrong shapes at every other size; give that dim another `example` size in its dims table, one that no size "
+        "of the model equals"
+    )
+
+
 def host_cpu() -> str:
     """The CPU model and its feature flags, what -march=native and Inductor's ISA pick depend on."""
     try:
@@ -266,6 +284,7 @@ def generate(
                 f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}"
             ) from exc
         files, ptx = _extract(package)
+    _refuse_specialized(program)
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split, KERNEL_FILE_BYTES)
     for k, text in enumerate(kernels):
         if not devices.device(target.device).gpu:

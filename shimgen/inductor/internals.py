@@ -87,10 +87,56 @@ def load_program(path: Path) -> Any:
         if expr.is_Symbol or len(expr.free_symbols) != 1:
             continue
         (symbol,) = expr.free_symbols
-        solutions = sympy.solve(sympy.Eq(expr, value), symbol)
-        if symbol not in hints and len(solutions) == 1 and solutions[0].is_Integer:
+        if symbol in hints:
+            continue
+        try:
+            solutions = sympy.solve(sympy.Eq(expr, value), symbol)
+        except NotImplementedError:  # e.g. Max(1, s85 - 1) = 16: sympy has no algorithm; not a derived dim's size
+            continue
+        if len(solutions) == 1 and solutions[0].is_Integer:
             hints[symbol] = sympy.Integer(solutions[0])
     return program
+
+
+def specialized_sizes(program: Any) -> list[tuple[str, int, int, str]]:
+    """The dynamic sizes of the program's inputs that a compile of it has fixed: (input, axis, size, the guard that
+    fixed it and where it was added). A guard on a size (an Inductor pass comparing it with a size of the model, which
+    its example size happens to equal) makes the shape environment replace the size by its example value, and the
+    code compiled after it serves that size alone."""
+    import sympy
+    from torch._guards import detect_fake_mode
+
+    fake_mode = detect_fake_mode([node.meta.get("val") for node in program.graph.nodes])
+    shape_env = getattr(fake_mode, "shape_env", None)
+    if shape_env is None:
+        return []
+    user_inputs = set(program.graph_signature.user_inputs)
+    fixed = []
+    for node in program.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if node.name not in user_inputs or not hasattr(value, "shape"):
+            continue
+        for axis, size in enumerate(value.shape):
+            symbolic = getattr(size, "node", None)
+            expr = getattr(symbolic, "_expr", None)  # as traced: `expr` has the replacements applied
+            if expr is None or not expr.free_symbols:
+                continue
+            replaced = shape_env.replace(expr)
+            symbols = expr.free_symbols
+            ranges = [program.range_constraints.get(symbol) for symbol in symbols]
+            # Inductor compiles a dynamic size for 2 and up: a range of [1, 2] leaves it the size 2 alone, rightly
+            if not replaced.is_number or all(r is not None and max(int(r.lower), 2) >= r.upper for r in ranges):
+                continue
+            guard = next(
+                (
+                    f"{g.expr}, added {g.sloc}"
+                    for g in shape_env.guards
+                    if isinstance(g.expr, sympy.Eq) and g.expr.free_symbols & symbols
+                ),
+                "",
+            )
+            fixed.append((node.name, axis, int(replaced), guard))
+    return fixed
 
 
 def saved_program_json(path: Path) -> bytes:

@@ -20,6 +20,8 @@ from shimgen.trace.entry import call_model, make_inputs
 
 _SIZE = re.compile(r"(?:L\['tensors'\]\[|\btensors_)(\d+)\]?\.size\(\)\[(\d+)\]")
 _BOUND = re.compile(r"^\(?(\w+)\.shape\[(\d+)\]\)? (!=|>=|<=|>|<) (\d+)$")
+_REVERSED_BOUND = re.compile(r"^(\d+) (!=|>=|<=|>|<) (\(?\w+\.shape\[\d+\]\)?)$")
+_MIRRORED = {"!=": "!=", ">=": "<=", "<=": ">=", ">": "<", "<": ">"}
 _VIOLATION = re.compile(r"Not all values of (\w+) = .*? satisfy the generated guard (.*?)\.?$", re.M)
 _DIM_FIX = re.compile(r"^\s*(\w+) = Dim\('\w+'((?:, (?:min|max)=\d+)*)\)\s*$", re.M)
 _MULTIPLE_FIX = re.compile(r"^\s*(\w+) = (\d+)\*(\w+)\s*$", re.M)
@@ -164,8 +166,13 @@ def _suggested_fix(text: str, name: str, graph: Graph) -> str:
 
 
 def _readable(guard: str, graph: Graph) -> str:
-    """Torch's `L['tensors'][0].size()[1]` as `x.shape[1]`, the spec's input name."""
-    return _SIZE.sub(lambda m: f"{graph.inputs[int(m[1])].name}.shape[{m[2]}]", guard.strip())
+    """Torch's `L['tensors'][0].size()[1]` as `x.shape[1]`, the spec's input name, and a bound with the size first
+    (`1 != x.shape[0]` as `x.shape[0] != 1`)."""
+    readable = _SIZE.sub(lambda m: f"{graph.inputs[int(m[1])].name}.shape[{m[2]}]", guard.strip())
+    reversed_bound = _REVERSED_BOUND.match(readable)
+    if reversed_bound:
+        return f"{reversed_bound[3]} {_MIRRORED[reversed_bound[2]]} {reversed_bound[1]}"
+    return readable
 
 
 def _first_lines(exc: Exception, graph: Graph) -> str:

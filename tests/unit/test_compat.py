@@ -318,3 +318,26 @@ def test_a_loaded_programs_derived_dim_keeps_its_example_size(tmp_path: Path) ->
         return internals.example_sizes(fake_mode.shape_env).get(symbol)
 
     assert example_rows(internals.load_program(tmp_path / "program.pt2")) == 3
+
+
+def test_a_loaded_program_with_sizes_sympy_cannot_solve_loads(tmp_path: Path) -> None:
+    """A strided convolution over a dynamic length keeps example sizes keyed by expressions such as `(s//5) - 1`, which
+    sympy has no algorithm to solve (wav2vec2's feature encoder, BART's shifted tokens): they are left as they are."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv1d(1, 4, 10, stride=5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x.unsqueeze(1))[:, :, 1:]
+
+    length = torch.export.Dim("length", min=40, max=4000)
+    program = torch.export.export(Model(), (torch.randn(2, 400),), dynamic_shapes=({1: length},))
+    torch.export.save(program, tmp_path / "program.pt2")
+
+    from shimgen.inductor import internals
+
+    loaded = internals.load_program(tmp_path / "program.pt2")
+    x = torch.randn(2, 1000)
+    torch.testing.assert_close(loaded.module()(x), program.module()(x))

@@ -577,6 +577,60 @@ def test_out_is_not_a_directory(tmp_path: Path, workdir: Path, capsys: pytest.Ca
     )
 
 
+def test_a_bound_torch_writes_size_last_reads_and_narrows_as_one_written_size_first(tmp_path: Path) -> None:
+    """timm's BEiT fails at batch 1 with torch's guard `1 != L['tensors'][0].size()[0]`: read as `x.shape[0] != 1`, with
+    the range that meets it, which lets the build make batch 1 a variant of its own."""
+    from shimgen.trace import dims as trace_dims
+
+    spec = tmp_path / "dims.toml"
+    spec.write_text(dims("{ min = 1, max = 8 }"))
+    graph = load_spec(spec).graph[0]
+    for guard in ("1 != L['tensors'][0].size()[0]", "L['tensors'][0].size()[0] != 1"):
+        condition = trace_dims._readable(guard, graph)
+        assert condition == "x.shape[0] != 1"
+        error = trace_dims.range_error(graph, "graph[0]", "batch", condition, trace_dims._bound_fix(condition, graph))
+        assert error.raised_min == 2, error.message
+    assert trace_dims._readable("2 < L['tensors'][0].size()[0]", graph) == "x.shape[0] > 2"
+
+
+TALKING_HEADS = """import torch
+from torch import nn
+
+
+class TalkingHeads(nn.Module):
+    \"\"\"CaiT's mixing of attention heads: a linear layer over a last dim of 2 heads.\"\"\"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+"""
+
+
+def test_a_dynamic_size_inductor_fixes_at_its_example_is_refused(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Inductor's oneDNN fusion pass compares the linear layer's output sizes with its bias's ([2]): at the example
+    batch 2 that guard fixes the batch at 2, and the code would serve batch 2 alone (CaiT's, timm, failed its package
+    check at every other batch). The build stops at codegen, saying so and what to change."""
+    (workdir / "projects" / "heads.py").write_text(TALKING_HEADS)
+    spec = workdir / "projects" / "heads.toml"
+    spec.write_text(
+        PROJECT + '[[graph]]\nname = "mix"\nentry = "heads:TalkingHeads"\n'
+        'inputs = [{ name = "x", shape = ["batch", 2, 16, 16] }]\ndims = { batch = { min = 1, max = 4, example = 2 } }\n'
+    )
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        f"shimgen: {spec}: graph[0]: Inductor compiled the dynamic code for inputs[0].shape[0] = 2 alone (by the guard "
+        "Eq(s"
+    ), err
+    assert "mkldnn_fusion.py" in err[-1] and err[-1].endswith("one that no size of the model equals"), err
+    assert not list(tmp_path.glob("dist/*.whl"))
+
+
 def test_model_that_exits(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """sys.exit in the project's code is not a successful build (it used to end shimgen with status 0)."""
     (workdir / "projects" / "exits.py").write_text("import sys\n\ndef model(x):\n    return x\n\nsys.exit(0)\n")
