@@ -86,6 +86,7 @@ class BuildOutput:
     kernel_choices: dict[str, tuple[KernelChoice, ...]] = field(default_factory=dict)  # by unit
     untimed_gemms: dict[str, tuple[tuple[tuple[str, ...], int], ...]] = field(default_factory=dict)  # by unit
     scalar_kernels: dict[str, str] = field(default_factory=dict)  # by unit: why its CPU kernels are not vectorized
+    onednn_off: dict[str, str] = field(default_factory=dict)  # by unit: why it was generated without oneDNN
     identifiers: list[str] = field(default_factory=list)  # the matrix's build identifiers this package covers
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
@@ -121,6 +122,7 @@ class BuildOutput:
                 for unit, gemms in self.untimed_gemms.items()
             },
             "scalar_kernels": self.scalar_kernels,
+            "onednn_off": self.onednn_off,
             "identifiers": self.identifiers,
             "shared_cache": self.shared_cache,
             "timeline": [
@@ -478,6 +480,7 @@ def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: Refe
         kernel_choices={name: code.kernel_choices for u in units for name, code in u.generated if code.kernel_choices},
         untimed_gemms={name: code.untimed_gemms for u in units for name, code in u.generated if code.untimed_gemms},
         scalar_kernels={name: code.scalar_kernels for u in units for name, code in u.generated if code.scalar_kernels},
+        onednn_off={name: code.onednn_off for u in units for name, code in u.generated if code.onednn_off},
         identifiers=[
             matrix.BuildId(
                 python=tc.python_version,

@@ -8,10 +8,13 @@ one unit to generate, or with custom ops (loaded into the build process), runs i
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
@@ -55,6 +58,7 @@ class CodegenTask:
     scalar_kernels: str = ""  # why the CPU kernels are generated without vectorization
     vec_isas: Path | None = None  # where the compiler's and CPU's vector ISAs are kept (codegen._vec_isas_kept)
     onednn_threads: int | None = None  # what oneDNN's weights are packed for (codegen.packing_threads)
+    onednn_off: str = ""  # why the graph is generated without oneDNN (codegen.SizeFixed)
 
 
 def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
@@ -82,11 +86,44 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
             scalar_kernels=task.scalar_kernels,
             vec_isas=task.vec_isas,
             onednn_threads=task.onednn_threads,
+            onednn_off=task.onednn_off,
         )
+    except codegen.SizeFixed as fixed:
+        if not fixed.by_onednn or task.onednn_off or ops is not None:  # custom ops: loaded in this process only
+            raise SpecError("", task.where, str(fixed)) from None
+        # Inductor registers its oneDNN fusion passes in a process once, whatever later codegens ask for
+        return _codegen_in_new_interpreter(dataclasses.replace(task, onednn_off=fixed.guard))
     except SpecError:
         raise
     except UserError as exc:
         raise SpecError("", task.where, str(exc)) from None
+
+
+def _codegen_in_new_interpreter(task: CodegenTask) -> CodegenResult:
+    with tempfile.TemporaryDirectory(prefix="shimgen-codegen-task-") as tmp:
+        asked, answered = Path(tmp) / "task.pickle", Path(tmp) / "outcome.pickle"
+        asked.write_bytes(pickle.dumps(task))
+        completed = process.run_python(
+            "shimgen.build.workers:codegen_main", [str(asked), str(answered)], fresh=("torch",)
+        )
+        if not answered.is_file():
+            raise UserError(f"{task.where}: the codegen without oneDNN failed: {completed.tail(1)}")
+        outcome = pickle.loads(answered.read_bytes())
+    if isinstance(outcome, BaseException):
+        raise outcome
+    assert isinstance(outcome, CodegenResult)
+    return outcome
+
+
+def codegen_main(argv: list[str]) -> int:
+    """`run_codegen` of the pickled task in argv[0], its result or exception pickled into argv[1]."""
+    task = pickle.loads(Path(argv[0]).read_bytes())
+    try:
+        outcome: Any = run_codegen(task)
+    except BaseException as exc:  # noqa: BLE001  (handed to the process that asked)
+        outcome = exc
+    Path(argv[1]).write_bytes(pickle.dumps(outcome))
+    return 0
 
 
 def count(tasks: int, in_process: bool, forking: bool = False) -> int:

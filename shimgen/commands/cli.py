@@ -342,6 +342,12 @@ def _print_summary(result: BuildOutput) -> None:
         print(f"  not verified: {skipped}", file=err)
     if result.slowest_units:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
+    for unit, guard in result.onednn_off.items():
+        print(
+            f"  {unit}: generated without oneDNN: its fusion pass fixed a dynamic size at the example ({guard}); "
+            "another `example` size for that dim gives it back",
+            file=err,
+        )
     for unit, why in result.scalar_kernels.items():
         print(f"  {unit}: CPU kernels not vectorized: the compiler refused the vectorized ones ({why})", file=err)
     for unit, gemms in result.untimed_gemms.items():

@@ -15,6 +15,7 @@ comments, are saved beside them for the package.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -198,9 +199,18 @@ def codegen_key(
     )
 
 
-def _refuse_specialized(program: Any) -> None:
+class SizeFixed(UserError):
+    """Inductor fixed a dynamic size while compiling: the code would serve that size alone. `by_onednn`: the guard comes
+    from its oneDNN fusion pass, which a codegen without oneDNN, in a process that never registered the pass, avoids."""
+
+    def __init__(self, message: str, guard: str, by_onednn: bool) -> None:
+        super().__init__(message)
+        self.guard, self.by_onednn = guard, by_onednn
+
+
+def _refuse_specialized(program: Any, onednn: bool) -> None:
     """A compile that fixed a dynamic size serves that size alone; the package would compute the wrong shapes at every
-    other size (its check would fail at the first), so the build stops here, saying why."""
+    other size (its check would fail at the first), so the codegen stops here, saying why."""
     fixed = internals.specialized_sizes(program)
     if not fixed:
         return
@@ -208,11 +218,13 @@ def _refuse_specialized(program: Any) -> None:
     traced_input = re.fullmatch(r"tensors_(\d+)", name)  # trace.entry passes the spec's inputs as *tensors
     where = f"inputs[{traced_input[1]}]" if traced_input else name
     by = f" (by the guard {guard})" if guard else ""
-    raise UserError(
+    raise SizeFixed(
         f"Inductor compiled the dynamic code for {where}.shape[{axis}] = {size} alone{by}: one of its passes compared "
         f"that size with a size of the model, which the example size {size} equals, and the package would compute "
         "wrong shapes at every other size; give that dim another `example` size in its dims table, one that no size "
-        "of the model equals"
+        "of the model equals",
+        guard,
+        onednn and "mkldnn" in guard,
     )
 
 
@@ -239,14 +251,18 @@ def generate(
     scalar_kernels: str = "",
     vec_isas: Path | None = None,
     onednn_threads: int | None = None,
+    onednn_off: str = "",
 ) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
     for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
     dispatcher at run time. Kernel choices come from the `locked` timings where they have them (unless `retune`).
     With `scalar_kernels` (why), the CPU kernels are not vectorized. `vec_isas` keeps which vector ISAs the compiler
-    and CPU support (`_vec_isas_kept`); oneDNN's weights are packed for `onednn_threads` (`packing_threads`). The
-    directory is replaced whole, only on success."""
+    and CPU support (`_vec_isas_kept`); oneDNN's weights are packed for `onednn_threads` (`packing_threads`). With
+    `onednn_off` (why), the graph is generated without oneDNN. The directory is replaced whole, only on success."""
     import torch
+
+    if onednn_off:
+        flags = dataclasses.replace(flags, onednn=False)
 
     staging = out_dir.with_name(out_dir.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
@@ -284,7 +300,7 @@ def generate(
                 f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}"
             ) from exc
         files, ptx = _extract(package)
-    _refuse_specialized(program)
+    _refuse_specialized(program, uses_onednn(target, flags))
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split, KERNEL_FILE_BYTES)
     for k, text in enumerate(kernels):
         if not devices.device(target.device).gpu:
@@ -334,6 +350,7 @@ def generate(
         state=traced.state,
         scalar_kernels=scalar_kernels,
         packed_threads=onednn_threads if any(c.layout == "_mkldnn" for c in constants) else None,
+        onednn_off=onednn_off,
     )
 
 
