@@ -5,7 +5,8 @@ small configs, each its own project with shimgen's default flags, then `shimgen 
 
 Each model is built by `shimgen build` (its own process and output directory, builds running `--jobs` at once) and
 checked by `shimgen check` (eager against the package at every dim's min, example and max). A failure is reported with
-the first lines of shimgen's message; nothing is retried. A pass notes what the build fell back on (scalar kernels).
+the first lines of shimgen's message; nothing is retried. A pass notes what the build fell back on (scalar kernels,
+a graph generated without oneDNN).
 With --device cuda, the builds take the GPUs in turn.
 """
 
@@ -95,6 +96,11 @@ CASES = [
     timm("inception_v3", 299),
     timm("densenet121"),
     timm("repvgg_a0"),
+    # a bias of 2 (heads) that Inductor's oneDNN fusion compares with the example batch 2
+    timm("cait_xxs24_224", 64, img_size="64", embed_dim="32", depth="2", num_heads="2"),
+    timm("beit_base_patch16_224", 64, img_size="64", embed_dim="32", depth="2", num_heads="2"),
+    timm("deit_tiny_distilled_patch16_224", 64, img_size="64", embed_dim="32", depth="2", num_heads="2"),
+    timm("vit_small_patch14_reg4_dinov2", 56, img_size="56", embed_dim="32", depth="2", num_heads="2"),
     torchvision("mobilenet_v3_small"),
     torchvision("efficientnet_b0"),
     torchvision("vit_b_16"),
@@ -128,6 +134,20 @@ CASES = [
         "CausalLM",
     ),
     hf("falcon", "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, vocab_size = 99", "CausalLM"),
+    hf("mobilebert", SMALL_TEXT + ", embedding_size = 16, intra_bottleneck_size = 16, true_hidden_size = 16"),
+    hf("clip_text_model", SMALL_TEXT),
+    hf(
+        "bart",
+        "d_model = 32, encoder_layers = 2, decoder_layers = 2, encoder_attention_heads = 4,"
+        " decoder_attention_heads = 4, encoder_ffn_dim = 37, decoder_ffn_dim = 37, vocab_size = 99",
+    ),
+    hf(
+        "wav2vec2",
+        SMALL_TEXT + ", conv_dim = [16, 16, 16], conv_stride = [5, 2, 2], conv_kernel = [10, 3, 3],"
+        " num_conv_pos_embeddings = 16, num_conv_pos_embedding_groups = 4",
+        inputs='[{ name = "input_values", shape = ["batch", "n"] }]',
+        dims="{ batch = { min = 1, max = 4 }, n = { min = 400, max = 4000, multiple_of = 20 } }",
+    ),
     hf("dinov2", SMALL_VISION, inputs=PIXELS, dims=BATCH),
     hf("clip_vision_model", SMALL_VISION, inputs=PIXELS, dims=BATCH),
     hf("beit", SMALL_VISION, inputs=PIXELS, dims=BATCH),
@@ -198,7 +218,8 @@ def sweep_one(case: Case, device: str, work: Path, gpu: int | None, threads: int
     )
     if built.returncode != 0:
         return "build failed", first_lines(built.stderr), time.perf_counter() - start
-    scalar = json.loads(built.stdout).get("scalar_kernels", {})
+    summary = json.loads(built.stdout)
+    scalar, onednn_off = summary.get("scalar_kernels", {}), summary.get("onednn_off", {})
     checked = subprocess.run(
         [*command, "check", str(spec), "--out", str(directory / "out")],
         capture_output=True,
@@ -209,7 +230,9 @@ def sweep_one(case: Case, device: str, work: Path, gpu: int | None, threads: int
     seconds = time.perf_counter() - start
     if checked.returncode != 0:
         return "check failed", first_lines(checked.stderr + checked.stdout), seconds
-    return "passed", "; ".join(f"{unit}: scalar kernels ({why[:200]})" for unit, why in scalar.items()), seconds
+    notes = [f"{unit}: scalar kernels ({why[:200]})" for unit, why in scalar.items()]
+    notes += [f"{unit}: without oneDNN ({guard[:200]})" for unit, guard in onednn_off.items()]
+    return "passed", "; ".join(notes), seconds
 
 
 def main() -> None:

@@ -129,6 +129,7 @@ class _Spare:
     pid: int
     request: int  # the pipe it reads its one request from
     modules: frozenset[str]  # what it has imported
+    parent: int  # the process that forked it: only it can hand it work and wait for it
 
 
 _spare: _Spare | None = None  # run_python's
@@ -192,7 +193,7 @@ def _fork_spare(other: _Spare | None = None) -> _Spare:
             os.close(other.request)
         os._exit(_serve_one_request(read))
     os.close(read)
-    return _Spare(pid, write, modules)
+    return _Spare(pid, write, modules, os.getpid())
 
 
 def _send(spare: _Spare, request: dict[str, object]) -> None:
@@ -205,7 +206,10 @@ def _send(spare: _Spare, request: dict[str, object]) -> None:
 
 
 def _usable(spare: _Spare | None, fresh: Sequence[str]) -> _Spare | None:
-    """`spare` where it has not imported the `fresh` modules; else None, and it is let go."""
+    """`spare` where it has not imported the `fresh` modules; else None, and it is let go. None in a process forked
+    after the spare (a build worker), whose parent's spare it is."""
+    if spare is not None and spare.parent != os.getpid():
+        return None
     if spare is not None and any(name.partition(".")[0] in spare.modules for name in fresh):
         os.close(spare.request)
         os.waitpid(spare.pid, 0)

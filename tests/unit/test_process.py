@@ -75,6 +75,39 @@ def test_a_spare_that_imported_a_fresh_module_is_not_used(tmp_path: Path) -> Non
     assert first[0] != "spare interpreter" and first[1] == 3 and first[2].endswith("False")
 
 
+IN_A_FORKED_CHILD = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from shimgen.build import process
+process.fork_spare_interpreter()
+reader, writer = os.pipe()
+if os.fork() == 0:  # a build worker forked from this process: its parent's spare is not its child
+    done = process.run_python("helper:echo", ["in", "child"])
+    os.write(writer, json.dumps([done.command[0], done.returncode]).encode())
+    os._exit(0)
+os.close(writer)
+child = json.loads(os.read(reader, 1 << 16))
+done = process.run_python("helper:echo", ["in", "parent"])
+print(json.dumps([child, [done.command[0], done.returncode]]))
+"""
+
+
+def test_a_process_forked_after_the_spare_runs_python_in_a_new_interpreter(tmp_path: Path) -> None:
+    """A worker forked from the build (a codegen that runs again in a new interpreter) inherits the build's spare, which
+    it cannot wait for; its calls take new interpreters and leave the spare to the build."""
+    (tmp_path / "helper.py").write_text(HELPER)
+    done = subprocess.run(
+        [sys.executable, "-c", IN_A_FORKED_CHILD, str(REPO)],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    child, parent = json.loads(done.stdout)
+    assert child[0] != "spare interpreter" and child[1] == 3
+    assert parent == ["spare interpreter", 3]
+
+
 PARALLEL_WORK = """
 import torch
 
