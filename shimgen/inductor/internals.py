@@ -129,8 +129,8 @@ def specialized_sizes(program: Any) -> list[tuple[str, int, int, str]]:
                 continue
             guard = next(
                 (
-                    f"{g.expr}, added {g.sloc}"
-                    for g in shape_env.guards
+                    f"{g.expr}, added {getattr(g, 'sloc', 'by Inductor')}"
+                    for g in getattr(shape_env, "guards", ())
                     if isinstance(g.expr, sympy.Eq) and g.expr.free_symbols & symbols
                 ),
                 "",
