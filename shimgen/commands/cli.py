@@ -342,14 +342,7 @@ def _print_summary(result: BuildOutput) -> None:
         print(f"  not verified: {skipped}", file=err)
     if result.slowest_units:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
-    for unit, guard in result.onednn_off.items():
-        print(
-            f"  {unit}: generated without oneDNN: its fusion pass fixed a dynamic size at the example ({guard}); "
-            "another `example` size for that dim gives it back",
-            file=err,
-        )
-    for unit, why in result.scalar_kernels.items():
-        print(f"  {unit}: CPU kernels not vectorized: the compiler refused the vectorized ones ({why})", file=err)
+    _print_fallbacks(result)
     for unit, gemms in result.untimed_gemms.items():
         listed = ", ".join(f"{' @ '.join(sizes)}{f' x{n}' if n > 1 else ''}" for sizes, n in gemms)
         print(f"  library GEMMs, untimed ({kernel_choice.RULE}), {unit}: {listed}", file=err)
@@ -365,9 +358,24 @@ def _print_summary(result: BuildOutput) -> None:
             )
 
 
+def _print_fallbacks(result: BuildOutput) -> None:
+    """What the build fell back on, which costs speed: `build` and `check` both say it."""
+    for unit, guard in result.onednn_off.items():
+        print(
+            f"  {unit}: generated without oneDNN: its fusion pass fixed a dynamic size at the example ({guard}); "
+            "another `example` size for that dim gives it back",
+            file=sys.stderr,
+        )
+    for unit, why in result.scalar_kernels.items():
+        print(
+            f"  {unit}: CPU kernels not vectorized: the compiler refused the vectorized ones ({why})", file=sys.stderr
+        )
+
+
 def _check(args: argparse.Namespace) -> int:
     started = time.monotonic()
     result = _run_build(args)
+    _print_fallbacks(result)
     spec = load_spec(args.spec)
     if args.only:
         spec = dataclasses.replace(spec, target=[matrix.select(spec, args.only).target])

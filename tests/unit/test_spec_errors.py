@@ -615,15 +615,16 @@ def test_a_dynamic_size_onednns_fusion_fixes_at_its_example_is_generated_without
     """Inductor's oneDNN fusion pass compares the linear layer's output sizes with its bias's ([2]): at the example
     batch 2 that guard fixes the batch at 2, and the code would serve batch 2 alone (timm's CaiT failed its package
     check at every other batch). The graph is generated again without oneDNN, in a new interpreter (the pass stays
-    registered in a process), and the build says so; its check runs batch 1, 2 and 4."""
+    registered in a process); `shimgen check` says so, and compares it with eager at batch 1, 2 and 4."""
     (workdir / "projects" / "heads.py").write_text(TALKING_HEADS)
     spec = workdir / "projects" / "heads.toml"
     spec.write_text(
         PROJECT + '[[graph]]\nname = "mix"\nentry = "heads:TalkingHeads"\n'
         'inputs = [{ name = "x", shape = ["batch", 2, 16, 16] }]\ndims = { batch = { min = 1, max = 4, example = 2 } }\n'
     )
-    assert main(["build", str(spec), "--out", str(tmp_path)]) == 0
+    assert main(["check", str(spec), "--out", str(tmp_path)]) == 0
     err = capsys.readouterr().err
+    assert "check: all 4 outputs match eager" in err, err  # the example, 1, 2 (the middle) and 4
     assert "mix_cpu: generated without oneDNN: its fusion pass fixed a dynamic size at the example (Eq(s" in err, err
     assert "mkldnn_fusion.py" in err
     assert len(list(tmp_path.glob("dist/*.whl"))) == 1
