@@ -96,14 +96,7 @@ def test_a_process_forked_after_the_spare_runs_python_in_a_new_interpreter(tmp_p
     """A worker forked from the build (a codegen that runs again in a new interpreter) inherits the build's spare, which
     it cannot wait for; its calls take new interpreters and leave the spare to the build."""
     (tmp_path / "helper.py").write_text(HELPER)
-    done = subprocess.run(
-        [sys.executable, "-c", IN_A_FORKED_CHILD, str(REPO)],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
-    )
-    assert done.returncode == 0, done.stderr
-    child, parent = json.loads(done.stdout)
+    child, parent = json.loads(_printed(tmp_path, IN_A_FORKED_CHILD))
     assert child[0] != "spare interpreter" and child[1] == 3
     assert parent == ["spare interpreter", 3]
 
@@ -142,6 +135,11 @@ def test_workers_are_not_forked_from_a_process_with_threads(tmp_path: Path) -> N
 def _after_a_parallel_region(tmp_path: Path, script: str, timeout: int) -> list[str]:
     """The words `script` printed, run in a new interpreter with parallel_work importable."""
     (tmp_path / "parallel_work.py").write_text(PARALLEL_WORK)
+    return _printed(tmp_path, script, timeout).split()
+
+
+def _printed(tmp_path: Path, script: str, timeout: int | None = None) -> str:
+    """What `script` printed, run in a new interpreter with the repository as its argument and tmp_path importable."""
     done = subprocess.run(
         [sys.executable, "-c", script, str(REPO)],
         capture_output=True,
@@ -150,7 +148,7 @@ def _after_a_parallel_region(tmp_path: Path, script: str, timeout: int) -> list[
         timeout=timeout,
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout.split()
+    return done.stdout
 
 
 SPARE_AFTER_A_PARALLEL_REGION = """
