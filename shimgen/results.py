@@ -228,13 +228,18 @@ class Prebuilt:
     interface_lib: Path
     wrapper_pch: Path | None  # force-include this path; GCC uses the .gch beside it
     kernel_pch: Path | None
+    runtime_pch: Path | None  # for what includes shimgen's runtime headers, not the model's (binding, entry points)
     runtime_libs: tuple[
         Path, ...
     ] = ()  # shimgen's runtime library for the device (toolchain/runtime_lib.py), in link order
 
     @property
     def files(self) -> tuple[Path, ...]:
-        return tuple(p for p in (self.interface_lib, self.wrapper_pch, self.kernel_pch, *self.runtime_libs) if p)
+        return tuple(
+            p
+            for p in (self.interface_lib, self.wrapper_pch, self.kernel_pch, self.runtime_pch, *self.runtime_libs)
+            if p
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -145,6 +145,7 @@ def render_prebuilt(
     write_if_changed(out / "empty.cpp", "")
     write_if_changed(out / "pch" / "wrapper_pch.h", env.get_template("prebuilt/wrapper_pch.h.j2").render(device=device))
     write_if_changed(out / "pch" / "kernel_pch.h", (RUNTIME / "kernel_pch.h").read_bytes())
+    write_if_changed(out / "pch" / "runtime_pch.h", (RUNTIME / "runtime_pch.h").read_bytes())
 
 
 def render_ops(
@@ -321,6 +322,7 @@ def render_project(
                 "runtime_libs": [str(p) for p in built.runtime_libs],
                 "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
                 "kernel_pch_args": ["-include", str(built.kernel_pch), "-Winvalid-pch"] if built.kernel_pch else [],
+                "runtime_pch_args": ["-include", str(built.runtime_pch), "-Winvalid-pch"] if built.runtime_pch else [],
             }
         )
     context = {

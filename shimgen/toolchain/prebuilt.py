@@ -55,6 +55,7 @@ def ensure(
         interface_lib=built / "libaoti_interface.a",
         wrapper_pch=_pch(built, "wrapper") if flags.pch else None,
         kernel_pch=_pch(built, "kernel") if flags.pch else None,
+        runtime_pch=_pch(built, "runtime") if flags.pch else None,
         runtime_libs=tuple(runtime.link_order),
     )
 
