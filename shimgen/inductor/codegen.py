@@ -34,7 +34,17 @@ from unittest import mock
 from shimgen import devices
 from shimgen.errors import UserError
 from shimgen.files import replace_dir, shimgen_fingerprint, stage_key, write_if_changed
-from shimgen.inductor import compat, internals, kernel_choice, openmp, proxy_executor, refit, user_triton, weights
+from shimgen.inductor import (
+    compat,
+    fake_prop,
+    internals,
+    kernel_choice,
+    openmp,
+    proxy_executor,
+    refit,
+    user_triton,
+    weights,
+)
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import CodegenResult, CustomOps, TraceResult
 from shimgen.spec import Flags, Target
@@ -284,6 +294,7 @@ def generate(
                 _state_not_folded(),
                 _folded_at_threads(onednn_threads),
                 _templates_compiled_once(),
+                fake_prop.incremental(),
                 kernel_choice.recorded(target.device, locked, retune, flags.max_autotune or flags.tma) as recording,
                 refit.recorded(program_weights) as refitting,
             ):
