@@ -28,7 +28,6 @@ class _Propagated:
 @contextmanager
 def incremental() -> Iterator[None]:
     """Freezing's propagations after a graph module's first one run only the nodes that changed since the last."""
-    import torch
     from torch._dispatch.python import enable_python_dispatcher
     from torch._guards import detect_fake_mode
     from torch._inductor.fx_passes import freezing_patterns
@@ -69,7 +68,7 @@ def incremental() -> Iterator[None]:
     def propagate(gm: Any, example_inputs: Any, force_allow_non_fake_inputs: bool = False) -> Any:
         mode = detect_fake_mode(example_inputs)
         propagated = last.get(gm)
-        if mode is None or _whole_only(gm, torch):
+        if mode is None or _whole_only(gm):
             return whole(gm, example_inputs, force_allow_non_fake_inputs)
         if propagated is None or propagated.mode is not mode:
             whole(gm, example_inputs, force_allow_non_fake_inputs)
@@ -92,7 +91,9 @@ def _parameters(function: Any) -> tuple[str, ...]:
         return ()
 
 
-def _whole_only(gm: Any, torch: Any) -> bool:
+def _whole_only(gm: Any) -> bool:
+    import torch
+
     return any(
         "unbacked_bindings" in n.meta or isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes
     )
