@@ -8,7 +8,9 @@ one unit to generate, or with custom ops (loaded into the build process), runs i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -61,10 +63,26 @@ class CodegenTask:
     onednn_off: str = ""  # why the graph is generated without oneDNN (codegen.SizeFixed)
 
 
+@contextlib.contextmanager
+def full_collections_deferred() -> Iterator[None]:
+    """The garbage collector's full collections put off until the block ends; the younger generations are collected as
+    usual. A trace or a codegen makes hundreds of thousands of objects that live until it ends (FX nodes, fake tensors,
+    sympy expressions), and every full collection walks all of them: on two cores, the two in a ResNet-18 unit's trace
+    and codegen took 0.9-1.5 s, the four in MiniLM's 2.1 s (benchmarks/results/gc_pauses.md). What they would have freed
+    is at most 5% of the peak memory; a worker process ends with the block."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], 1 << 30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+
+
 def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
     compat.check(compat.TRACE)
     before = set(sys.modules)
-    traced = trace.trace(task.graph, task.where, task.spec_dir, task.device, task.program_file, task.key, ops)
+    with full_collections_deferred():
+        traced = trace.trace(task.graph, task.where, task.spec_dir, task.device, task.program_file, task.key, ops)
     libraries.note(before)
     return traced
 
@@ -73,21 +91,22 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
     compat.check(compat.TRACE)
     compat.check(compat.CODEGEN)
     try:
-        return codegen.generate(
-            task.traced,
-            task.target,
-            task.flags,
-            task.cxx,
-            task.out_dir,
-            task.key,
-            ops,
-            task.locked,
-            task.retune,
-            scalar_kernels=task.scalar_kernels,
-            vec_isas=task.vec_isas,
-            onednn_threads=task.onednn_threads,
-            onednn_off=task.onednn_off,
-        )
+        with full_collections_deferred():
+            return codegen.generate(
+                task.traced,
+                task.target,
+                task.flags,
+                task.cxx,
+                task.out_dir,
+                task.key,
+                ops,
+                task.locked,
+                task.retune,
+                scalar_kernels=task.scalar_kernels,
+                vec_isas=task.vec_isas,
+                onednn_threads=task.onednn_threads,
+                onednn_off=task.onednn_off,
+            )
     except codegen.SizeFixed as fixed:
         if not fixed.by_onednn or task.onednn_off or ops is not None:  # custom ops: loaded in this process only
             raise SpecError("", task.where, str(fixed)) from None

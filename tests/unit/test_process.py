@@ -266,3 +266,17 @@ def test_an_interrupted_run_returns_once_its_program_has_ended(tmp_path: Path) -
     with pytest.raises(KeyboardInterrupt):
         process.run(["sh", "-c", f"echo started; sleep 1; touch {ended}"], on_line=interrupt)
     assert ended.exists()
+
+
+def test_full_collections_are_deferred_only_while_a_block_runs() -> None:
+    import gc
+
+    from shimgen.build import workers
+
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), workers.full_collections_deferred():
+        assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 1_000_000
+        kept = [[] for _ in range(10 * before[0])]
+        assert gc.get_count()[0] <= before[0] < len(kept)  # the youngest generation is still collected
+        raise RuntimeError
+    assert gc.get_threshold() == before
