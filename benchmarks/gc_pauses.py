@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from build_time import MODELS, on_device, start_run  # noqa: E402
+from build_time import MODELS, SPECIALIZE, on_device, start_run  # noqa: E402
 
 ONE_BUILD = """
 import contextlib, gc, json, resource, sys, time
@@ -98,7 +97,7 @@ def main() -> None:
     os.environ["SHIMGEN_CACHE_DIR"] = str(user_cache / "toolchain")
     spec = tmp / "projects" / MODELS[args.model][1].name
     shutil.copytree(REPO / "projects", spec.parent, ignore=shutil.ignore_patterns("__pycache__"))
-    spec.write_text(re.sub(r",\s*specialize\s*=\s*\[[^\]]*\]", "", spec.read_text()))
+    spec.write_text(SPECIALIZE.sub("", spec.read_text()))
     on_device(spec, args.device)
     one_build("deferred", spec, tmp, "warm")  # the per-user cache (toolchain, prebuilt headers), not counted
     report(
