@@ -133,7 +133,6 @@ def render_prebuilt(
         "tc": tc,
         "inductor_args": compile_args,
         "wrapper_opt": OPT[flags.wrapper_opt],
-        "kernel_opt": OPT[flags.kernel_opt],
         "pch": flags.pch,
         "path_maps": path_maps(tc),
     }
@@ -144,8 +143,14 @@ def render_prebuilt(
     write_if_changed(out / "model_base.cpp", headers + MODEL_BASE_INSTANCE)
     write_if_changed(out / "empty.cpp", "")
     write_if_changed(out / "pch" / "wrapper_pch.h", env.get_template("prebuilt/wrapper_pch.h.j2").render(device=device))
-    write_if_changed(out / "pch" / "kernel_pch.h", (RUNTIME / "kernel_pch.h").read_bytes())
     write_if_changed(out / "pch" / "runtime_pch.h", (RUNTIME / "runtime_pch.h").read_bytes())
+
+
+def render_kernel_pch(tc: Toolchain, compile_args: list[str], kernel_opt: str, out: Path) -> None:
+    context = {"tc": tc, "inductor_args": compile_args, "kernel_opt": OPT[kernel_opt], "path_maps": path_maps(tc)}
+    write_if_changed(out / "meson.build", _env().get_template("prebuilt/kernel_pch.meson.j2").render(context))
+    write_if_changed(out / "empty.cpp", "")
+    write_if_changed(out / "pch" / "kernel_pch.h", (RUNTIME / "kernel_pch.h").read_bytes())
 
 
 def render_ops(

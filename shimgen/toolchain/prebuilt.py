@@ -1,13 +1,16 @@
 """Prebuilt stage: what every project with the same toolchain and flags shares, built once with
 Meson into the per-user cache: the precompiled headers (Meson's PCH support) and the AOTInductor
 runtime interface, whose source Inductor emits identically for every graph of a target; and, beside them, shimgen's
-runtime library for the target's device (runtime_lib.py)."""
+runtime library for the target's device (runtime_lib.py). The kernels' precompiled header is an entry of its own,
+keyed by kernel_opt alone: the wrapper's pieces (about three quarters of the compiling) are not made again for a
+project that differs only in kernel_opt."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -35,12 +38,7 @@ def ensure(
         {name: code.interface.read_text() for u in units for name, code in u.generated}
     ).encode()
     compile_args = target_compile_args(units)
-    key = hashlib.sha256(
-        json.dumps(
-            [tc.key, target.device, compile_args, flags.wrapper_opt, flags.kernel_opt, flags.pch, shimgen_fingerprint()]
-        ).encode()
-        + interface
-    ).hexdigest()[:16]
+    key, kernel_key = entry_keys(tc.key, target.device, compile_args, flags, interface)
     runtime = runtime_lib.ensure(tc, target.device, held, waiting)  # shared by every flag set
     root = entries.location("prebuilt", key)
 
@@ -48,16 +46,50 @@ def ensure(
         render.render_prebuilt(tc, target.device, compile_args, flags, interface, staging / "src")
         build(staging / "src", staging / "build", tc, "the shared runtime interface and precompiled headers")
 
-    entries.ensure(root, make, held, waiting)
+    with ThreadPoolExecutor(1) as pool:  # the kernels' header compiles beside the rest, as in one ninja run
+        kernel_pch = pool.submit(
+            _kernel_pch, tc, compile_args, flags, kernel_key, held.enter_context(ExitStack()), waiting
+        )
+        entries.ensure(root, make, held, waiting)
     built = root / "build"
     return Prebuilt(
         key=key,
         interface_lib=built / "libaoti_interface.a",
         wrapper_pch=_pch(built, "wrapper") if flags.pch else None,
-        kernel_pch=_pch(built, "kernel") if flags.pch else None,
+        kernel_pch=kernel_pch.result(),
         runtime_pch=_pch(built, "runtime") if flags.pch else None,
         runtime_libs=tuple(runtime.link_order),
     )
+
+
+def entry_keys(tc_key: str, device: str, compile_args: list[str], flags: Flags, interface: bytes) -> tuple[str, str]:
+    """The keys of the wrapper's pieces and of the kernels' precompiled header: each holds what its files depend on."""
+    common = json.dumps([tc_key, device, compile_args, flags.pch, shimgen_fingerprint()]).encode()
+    wrapper = hashlib.sha256(common + json.dumps(["wrapper", flags.wrapper_opt]).encode() + interface)
+    kernel = hashlib.sha256(common + json.dumps(["kernel", flags.kernel_opt]).encode())
+    return wrapper.hexdigest()[:16], kernel.hexdigest()[:16]
+
+
+def _kernel_pch(
+    tc: Toolchain,
+    compile_args: list[str],
+    flags: Flags,
+    key: str,
+    held: ExitStack,
+    waiting: Callable[[LockHeld], None] | None,
+) -> Path | None:
+    """The kernels' precompiled header, held until `held` closes: an entry of its own, keyed by kernel_opt and not by
+    the wrapper's flags or the interface, so that projects that differ only in kernel_opt share the rest."""
+    if not flags.pch:
+        return None
+    root = entries.location("prebuilt", key)
+
+    def make(staging: Path) -> None:
+        render.render_kernel_pch(tc, compile_args, flags.kernel_opt, staging / "src")
+        build(staging / "src", staging / "build", tc, "the kernels' precompiled header")
+
+    entries.ensure(root, make, held, waiting)
+    return _pch(root / "build", "kernel")
 
 
 def _pch(build_dir: Path, flavor: str) -> Path:

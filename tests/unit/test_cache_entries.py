@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shimgen.errors import UserError
-from shimgen.toolchain import entries
+from shimgen.spec import Flags
+from shimgen.toolchain import entries, prebuilt
 
 MB = 1 << 20
 
@@ -141,3 +143,18 @@ def test_what_interrupted_builds_left_is_removed_unless_it_is_being_made() -> No
         assert not abandoned.exists() and not half_removed.exists()
         assert in_progress.is_dir()
     assert entries.listed() == []
+
+
+def test_kernel_opt_keys_the_kernels_header_alone() -> None:
+    """A project that differs from another in kernel_opt alone shares its wrapper's prebuilt pieces (three quarters of
+    the compiling); one that differs in wrapper_opt or in its runtime interface shares the kernels' header."""
+
+    def keys(interface: bytes = b"interface", **flags: Any) -> tuple[str, str]:
+        return prebuilt.entry_keys("toolchain", "cpu", ["-DCPU_CAPABILITY_AVX2"], Flags(**flags), interface)
+
+    wrapper, kernel = keys()
+    other_kernel_opt, other_wrapper_opt, other_interface = keys(kernel_opt="O1"), keys(wrapper_opt="O2"), keys(b"other")
+    assert other_kernel_opt[0] == wrapper and other_kernel_opt[1] != kernel
+    assert other_wrapper_opt[0] != wrapper and other_wrapper_opt[1] == kernel
+    assert other_interface[0] != wrapper and other_interface[1] == kernel
+    assert not {wrapper, kernel} & set(keys(pch=False))
