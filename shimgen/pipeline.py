@@ -254,7 +254,11 @@ def build(
             tc = toolchain.detect()
             entries.limit()  # a bad $SHIMGEN_CACHE_LIMIT is told now, not once the build has made a cache entry
             # Custom ops need the compiler at once; a shared cache may answer the build without one.
-            warm = None if spec.custom_op or shared else warmup.start([t.device for t in spec.target])
+            warm = (
+                None
+                if spec.custom_op or shared
+                else warmup.start([t.device for t in spec.target], toolchain.compiler_cache() if use_cache else None)
+            )
             if warm is not None:
                 stack.callback(warm.stop)
             if shared:
@@ -791,6 +795,7 @@ def _compiled(
                     spec.flags,
                     job.held,
                     job.tools.waiting("prebuilt"),
+                    built.launcher,
                 )
                 for t in spec.target
             }

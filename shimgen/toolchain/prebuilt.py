@@ -31,24 +31,26 @@ def ensure(
     flags: Flags,
     held: ExitStack,
     waiting: Callable[[LockHeld], None] | None = None,
+    launcher: str | None = None,
 ) -> Prebuilt:
     """The prebuilt pieces for `target`, whose `units` share one runtime interface, held (kept in the per-user cache)
-    until `held` closes."""
+    until `held` closes. They compile behind the compiler cache `launcher`, as projects do: ccache keeps precompiled
+    headers too, and an entry made again (for a new shimgen, in another per-user cache) compiles the same sources."""
     interface = codegen.shared_interface(
         {name: code.interface.read_text() for u in units for name, code in u.generated}
     ).encode()
     compile_args = target_compile_args(units)
     key, kernel_key = entry_keys(tc.key, target.device, compile_args, flags, interface)
-    runtime = runtime_lib.ensure(tc, target.device, held, waiting)  # shared by every flag set
+    runtime = runtime_lib.ensure(tc, target.device, held, waiting, launcher)  # shared by every flag set
     root = entries.location("prebuilt", key)
 
     def make(staging: Path) -> None:
         render.render_prebuilt(tc, target.device, compile_args, flags, interface, staging / "src")
-        build(staging / "src", staging / "build", tc, "the shared runtime interface and precompiled headers")
+        build(staging / "src", staging / "build", tc, "the shared runtime interface and precompiled headers", launcher)
 
     with ThreadPoolExecutor(1) as pool:  # the kernels' header compiles beside the rest, as in one ninja run
         kernel_pch = pool.submit(
-            _kernel_pch, tc, compile_args, flags, kernel_key, held.enter_context(ExitStack()), waiting
+            _kernel_pch, tc, compile_args, flags, kernel_key, held.enter_context(ExitStack()), waiting, launcher
         )
         entries.ensure(root, make, held, waiting)
     built = root / "build"
@@ -77,6 +79,7 @@ def _kernel_pch(
     key: str,
     held: ExitStack,
     waiting: Callable[[LockHeld], None] | None,
+    launcher: str | None,
 ) -> Path | None:
     """The kernels' precompiled header, held until `held` closes: an entry of its own, keyed by kernel_opt and not by
     the wrapper's flags or the interface, so that projects that differ only in kernel_opt share the rest."""
@@ -86,7 +89,7 @@ def _kernel_pch(
 
     def make(staging: Path) -> None:
         render.render_kernel_pch(tc, compile_args, flags.kernel_opt, staging / "src")
-        build(staging / "src", staging / "build", tc, "the kernels' precompiled header")
+        build(staging / "src", staging / "build", tc, "the kernels' precompiled header", launcher)
 
     entries.ensure(root, make, held, waiting)
     return _pch(root / "build", "kernel")

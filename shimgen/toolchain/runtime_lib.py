@@ -37,14 +37,18 @@ def location(tc: Toolchain, device: str) -> Path:
 
 
 def ensure(
-    tc: Toolchain, device: str, held: ExitStack | None, waiting: Callable[[LockHeld], None] | None = None
+    tc: Toolchain,
+    device: str,
+    held: ExitStack | None,
+    waiting: Callable[[LockHeld], None] | None = None,
+    launcher: str | None = None,
 ) -> RuntimeLibrary:
-    """The runtime library for `device`, built where the per-user cache lacks it, and held there until `held` closes
-    (None: only made)."""
+    """The runtime library for `device`, built (behind the compiler cache `launcher`) where the per-user cache lacks
+    it, and held there until `held` closes (None: only made)."""
 
     def make(staging: Path) -> None:
         render.render_runtime(tc, device, staging / "src")
-        build(staging / "src", staging / "build", tc, f"shimgen's runtime library for {device}")
+        build(staging / "src", staging / "build", tc, f"shimgen's runtime library for {device}", launcher)
 
     lib_key = key(tc, device)
     root = location(tc, device)

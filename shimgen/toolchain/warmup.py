@@ -41,15 +41,18 @@ def needed(devices: Sequence[str]) -> bool:
     return tc is None or any(not (runtime_lib.location(tc, device) / "done").is_file() for device in devices)
 
 
-def start(devices: Sequence[str]) -> Warmup | None:
-    """The warm-up for `devices`, started where the compiler is not proved yet or their runtime libraries are missing."""
+def start(devices: Sequence[str], launcher: str | None) -> Warmup | None:
+    """The warm-up for `devices`, started where the compiler is not proved yet or their runtime libraries are missing;
+    they compile behind the compiler cache `launcher`."""
     if not needed(devices):
         return None
-    return Warmup(start_python("shimgen.toolchain.warmup:main", [json.dumps(sorted(set(devices)))], NICENESS))
+    argv = [json.dumps({"devices": sorted(set(devices)), "launcher": launcher})]
+    return Warmup(start_python("shimgen.toolchain.warmup:main", argv, NICENESS))
 
 
 def main(argv: list[str]) -> int:
     tc, _ = probe.select()
-    for device in json.loads(argv[0]):
-        runtime_lib.ensure(tc, device, held=None)
+    job = json.loads(argv[0])
+    for device in job["devices"]:
+        runtime_lib.ensure(tc, device, held=None, launcher=job["launcher"])
     return 0

@@ -73,6 +73,14 @@ def test_builds_at_once_on_an_empty_cache(workdir: Path, tmp_path: Path) -> None
 
     verdicts = list((tmp_path / "cache" / "toolchain").glob("*/verdict.json"))
     assert verdicts and all(json.loads(v.read_text())["ok"] for v in verdicts)
+    # The runtime library (made by the first build's warm-up) and the prebuilt pieces compile behind the compiler cache
+    # on PATH, as projects do: a per-user cache made again (for another shimgen, or here) compiles the same sources.
+    launcher = toolchain.compiler_cache()
+    made = [*(tmp_path / "cache").glob("runtime/*/build"), *(tmp_path / "cache").glob("prebuilt/*/build")]
+    # The runtime library, the wrapper's pieces (the two projects differ only in kernel_opt), a kernels' header for each.
+    assert len(made) == 4, made
+    commands = [c["command"] for d in made for c in json.loads((d / "compile_commands.json").read_text())]
+    assert commands and all(c.startswith(f"{launcher} ") == bool(launcher) for c in commands), commands
 
     again = [shimgen("build", spec, "--out", out, "--json", env=env) for spec, out in jobs]
     for result in again:
