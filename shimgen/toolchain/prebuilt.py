@@ -2,7 +2,7 @@
 Meson into the per-user cache: the precompiled headers (Meson's PCH support) and the AOTInductor
 runtime interface, whose source Inductor emits identically for every graph of a target; and, beside them, shimgen's
 runtime library for the target's device (runtime_lib.py). The kernels' precompiled header is an entry of its own,
-keyed by kernel_opt alone: the wrapper's pieces (about three quarters of the compiling) are not made again for a
+keyed by kernel_opt and not by the wrapper's flags: the wrapper's pieces (about three quarters of the compiling) are not made again for a
 project that differs only in kernel_opt."""
 
 from __future__ import annotations
