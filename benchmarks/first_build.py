@@ -39,24 +39,25 @@ def first_build(root: Path, device: str, then_kernel_opt: str | None = None) -> 
         }
         # From the temporary directory: `python -m` puts the working directory first on sys.path.
         build = [sys.executable, "-m", "shimgen", "build", str(spec), "--out", str(tmp / "out")]
-        report = _timed(build, env, tmp, f"{root}")
-        if then_kernel_opt and "failed" not in report.splitlines()[0]:
+        ok, report = _timed(build, env, tmp, f"{root}")
+        if then_kernel_opt and ok:
             text = spec.read_text()
             spec.write_text(re.sub(r'(?m)^kernel_opt = ".*"$', f'kernel_opt = "{then_kernel_opt}"', text))
             assert spec.read_text() != text, "the spec sets no kernel_opt to change"
-            report += _timed(build, env, tmp, f"  then kernel_opt = {then_kernel_opt}")
+            report += _timed(build, env, tmp, f"  then kernel_opt = {then_kernel_opt}")[1]
         subprocess.run(["pkill", "-f", "shimgen[.]commands[.]server"])  # each build's server, idle from now on
         return report
 
 
-def _timed(build: list[str], env: dict[str, str], cwd: Path, what: str) -> str:
+def _timed(build: list[str], env: dict[str, str], cwd: Path, what: str) -> tuple[bool, str]:
+    """Whether the build succeeded, and its wall time and stage table (or its error) under `what`."""
     start = time.perf_counter()
     done = subprocess.run(build, env=env, cwd=cwd, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
-        return f"{what}: failed (exit {done.returncode}) after {wall:.1f}s\n{done.stderr[-3000:]}"
+        return False, f"{what}: failed (exit {done.returncode}) after {wall:.1f}s\n{done.stderr[-3000:]}"
     table = done.stderr[done.stderr.find("  stage ") :].split("  models")[0]
-    return f"{what}: {wall:.1f}s\n{table}"
+    return True, f"{what}: {wall:.1f}s\n{table}"
 
 
 def main() -> None:

@@ -49,8 +49,12 @@ def ensure(
         build(staging / "src", staging / "build", tc, "the shared runtime interface and precompiled headers", launcher)
 
     with ThreadPoolExecutor(1) as pool:  # the kernels' header compiles beside the rest, as in one ninja run
-        kernel_pch = pool.submit(
-            _kernel_pch, tc, compile_args, flags, kernel_key, held.enter_context(ExitStack()), waiting, launcher
+        kernel_pch = (
+            pool.submit(
+                _kernel_pch, tc, compile_args, flags, kernel_key, held.enter_context(ExitStack()), waiting, launcher
+            )
+            if flags.pch
+            else None
         )
         entries.ensure(root, make, held, waiting)
     built = root / "build"
@@ -58,7 +62,7 @@ def ensure(
         key=key,
         interface_lib=built / "libaoti_interface.a",
         wrapper_pch=_pch(built, "wrapper") if flags.pch else None,
-        kernel_pch=kernel_pch.result(),
+        kernel_pch=kernel_pch.result() if kernel_pch else None,
         runtime_pch=_pch(built, "runtime") if flags.pch else None,
         runtime_libs=tuple(runtime.link_order),
     )
@@ -80,11 +84,9 @@ def _kernel_pch(
     held: ExitStack,
     waiting: Callable[[LockHeld], None] | None,
     launcher: str | None,
-) -> Path | None:
+) -> Path:
     """The kernels' precompiled header, held until `held` closes: an entry of its own, keyed by kernel_opt and not by
     the wrapper's flags or the interface, so that projects that differ only in kernel_opt share the rest."""
-    if not flags.pch:
-        return None
     root = entries.location("prebuilt", key)
 
     def make(staging: Path) -> None:
