@@ -41,7 +41,9 @@ TEMPLATES = Path(__file__).parent / "templates"
 RUNTIME = Path(__file__).parents[1] / "runtime"  # shipped or compiled as they are
 MODEL_BASE_INSTANCE = (
     b"template class torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>;\n"
+    b'#include "shimgen_regex_once.h"\n#ifdef SHIMGEN_REGEX_ONCE\nSHIMGEN_REGEX_ONCE(template)\n#endif\n'
 )
+REGEX_ONCE = "shimgen_regex_once.h"  # under RUNTIME: what model_base.cpp instantiates and model.cpp declares
 PACKAGE_MODULES = ("_shimgen_weights.py", "_shimgen_refit.py")  # under RUNTIME, shipped in every package
 TORCH_DEPENDENCY = "project/torch_dependency.meson.j2"  # included by every Meson project shimgen writes
 PROBE_FILES = ("probe.cpp", "check_probe.py")  # under RUNTIME
@@ -141,6 +143,7 @@ def render_prebuilt(
     # What shimgen_model_base.h declares: the model base class instantiated once, with the interface's headers.
     headers = b"".join(line + b"\n" for line in interface.splitlines() if line.startswith(b"#include"))
     write_if_changed(out / "model_base.cpp", headers + MODEL_BASE_INSTANCE)
+    write_if_changed(out / REGEX_ONCE, (RUNTIME / REGEX_ONCE).read_bytes())
     write_if_changed(out / "empty.cpp", "")
     write_if_changed(out / "pch" / "wrapper_pch.h", env.get_template("prebuilt/wrapper_pch.h.j2").render(device=device))
     write_if_changed(out / "pch" / "runtime_pch.h", (RUNTIME / "runtime_pch.h").read_bytes())

@@ -4,4 +4,6 @@
 #pragma once
 #include <torch/csrc/inductor/aoti_runtime/model.h>
 
+#include "shimgen_regex_once.h"
+
 extern template class torch::aot_inductor::AOTInductorModelBase<torch::aot_inductor::AOTInductorModel>;

@@ -1704,3 +1704,68 @@ def test_a_unit_weights_file_is_made_again_only_when_what_it_is_made_from_change
     time.sleep(0.01)
     source.write_bytes(b"changed outside a build")
     assert unit_weights("key 1") == b"weights" and len(made) == 4
+
+
+REGEX_USER = """#include <regex>
+#include <string>
+#include "shimgen_regex_once.h"
+// What AOTInductor's model_base.h does in an inline function: every model.cpp includes it.
+inline bool device_index(const std::string& device, int& index) {
+  std::regex re("(cpu|cuda|xpu|mps)(:([0-9]+))?");
+  std::smatch match;
+  if (!std::regex_match(device, match, re)) return false;
+  index = match[3].matched ? std::stoi(match[3].str()) : -1;
+  return true;
+}
+int parsed(const char* device) { int index = -2; return device_index(device, index) ? index : -2; }
+"""
+REGEX_INSTANCE = """#include <cstdio>
+#include <regex>
+#include <string>
+#include "shimgen_regex_once.h"
+#ifdef SHIMGEN_REGEX_ONCE
+SHIMGEN_REGEX_ONCE(template)
+#endif
+int parsed(const char* device);
+int main() { std::printf("%d %d %d\\n", parsed("cuda:3"), parsed("cpu"), parsed("tpu")); }
+"""
+
+
+def test_std_regex_is_instantiated_once_in_the_model_base_object(tmp_path: Path) -> None:
+    """shimgen_regex_once.h: a translation unit that uses std::regex the way AOTInductor's model base header does leaves
+    std::regex's largest templates to the object that instantiates them (the prebuilt model base), and the two link
+    into a program that matches as std::regex does."""
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("needs g++ on PATH")
+    from shimgen.project.render import MODEL_BASE_INSTANCE, REGEX_ONCE, RUNTIME
+
+    assert b"SHIMGEN_REGEX_ONCE(template)" in MODEL_BASE_INSTANCE
+    shutil.copy(RUNTIME / REGEX_ONCE, tmp_path / REGEX_ONCE)
+    (tmp_path / "user.cpp").write_text(REGEX_USER)
+    (tmp_path / "instance.cpp").write_text(REGEX_INSTANCE)
+    release = subprocess.run(
+        [cxx, "-std=c++20", "-dM", "-E", "-x", "c++", "-include", "regex", "/dev/null"], capture_output=True, text=True
+    ).stdout
+    found = re.search(r"#define _GLIBCXX_RELEASE (\d+)", release)
+    if not found or not 12 <= int(found[1]) <= 16:
+        pytest.skip(
+            f"shimgen_regex_once.h declares nothing for this C++ library ({found[0] if found else 'not libstdc++'})"
+        )
+    for name in ("user", "instance"):
+        subprocess.run(
+            [cxx, "-std=c++20", "-O1", "-c", str(tmp_path / f"{name}.cpp"), "-o", str(tmp_path / f"{name}.o")],
+            check=True,
+        )
+    symbols = {
+        name: subprocess.run(
+            ["nm", "-C", "--defined-only", str(tmp_path / f"{name}.o")], capture_output=True, text=True, check=True
+        ).stdout
+        for name in ("user", "instance")
+    }
+    compiler = "std::__detail::_Compiler<std::__cxx11::regex_traits<char> >::_M_disjunction()"
+    assert compiler not in symbols["user"] and compiler in symbols["instance"]
+    subprocess.run(
+        [cxx, str(tmp_path / "user.o"), str(tmp_path / "instance.o"), "-o", str(tmp_path / "parse")], check=True
+    )
+    assert subprocess.run([str(tmp_path / "parse")], capture_output=True, text=True, check=True).stdout == "3 -1 -2\n"
