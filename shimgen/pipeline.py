@@ -574,9 +574,7 @@ def _torch_cuda(spec: ProjectSpec) -> str | None:
 def _tools(spec: ProjectSpec, use_cache: bool, report: Progress, waiting: Callable[[LockHeld], None]) -> Tools:
     tc, verdicts = probe.select(waiting)
     for failed in verdicts[:-1]:
-        report(
-            "toolchain", f"warning: {failed.cxx} ({failed.identity}) fails the probe: {failed.reason}; using {tc.cxx}"
-        )
+        report("toolchain", f"warning: {failed.named} fails the probe: {failed.reason}; using {verdicts[-1].named}")
     cuda = _cuda_toolchain(spec)
     return Tools(
         tc=tc,

@@ -473,9 +473,9 @@ def _doctor(args: argparse.Namespace) -> int:
     print("compilers (probe: build a torch extension with the project's Meson setup, load it in a subprocess):")
     chosen = None
     for cxx in toolchain.candidate_compilers():
-        verdict = probe.prove(toolchain.detect(cxx), toolchain.cache_dir(), refresh=args.refresh)
-        chosen = chosen or (cxx if verdict.ok else None)
-        print(f"  {'ok  ' if verdict.ok else 'FAIL'} {cxx} ({verdict.identity}): {verdict.reason}")
+        for verdict in probe.prove_compiler(cxx, refresh=args.refresh)[1]:
+            chosen = chosen or (verdict.named if verdict.ok else None)
+            print(f"  {'ok  ' if verdict.ok else 'FAIL'} {verdict.named}: {verdict.reason}")
     print(f"selected:       {chosen or 'none: set CXX to a compiler that builds loadable torch extensions'}")
     print(f"cuda targets:   {_cuda_line()}")
     return 0 if chosen else 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from shimgen import toolchain
@@ -29,18 +29,43 @@ class Verdict:
     identity: str
     ok: bool
     reason: str = ""
+    linker: str = ""  # Toolchain.linker
+
+    @property
+    def named(self) -> str:
+        """The compiler, with the linker it was told to use: 'c++ with ld.gold (c++ (Debian 12.2.0-14) 12.2.0)'."""
+        return f"{self.cxx}{f' with ld.{self.linker}' if self.linker else ''} ({self.identity})"
+
+
+def candidates(cxx: str) -> list[Toolchain]:
+    """The toolchains to prove for compiler `cxx`, in order: with the fastest linker installed, then (where that is
+    not the compiler's default) with the compiler's default."""
+    tc = toolchain.detect(cxx)
+    return [tc, replace(tc, linker="")] if tc.linker else [tc]
+
+
+def prove_compiler(
+    cxx: str, refresh: bool = False, waiting: Callable[[LockHeld], None] | None = None
+) -> tuple[Toolchain, list[Verdict]]:
+    """The toolchain of compiler `cxx` that the probe passes (its last verdict's), or the last one tried, and the
+    verdicts of those proved."""
+    verdicts = []
+    for tc in candidates(cxx):
+        verdicts.append(prove(tc, toolchain.cache_dir(), refresh, waiting))
+        if verdicts[-1].ok:
+            break
+    return tc, verdicts
 
 
 def select(waiting: Callable[[LockHeld], None] | None = None) -> tuple[Toolchain, list[Verdict]]:
     """The first candidate compiler whose probe builds and loads; UserError naming each failure if none."""
     verdicts = []
     for cxx in toolchain.candidate_compilers():
-        tc = toolchain.detect(cxx)
-        verdict = prove(tc, toolchain.cache_dir(), waiting=waiting)
-        verdicts.append(verdict)
-        if verdict.ok:
+        tc, proved = prove_compiler(cxx, waiting=waiting)
+        verdicts += proved
+        if proved[-1].ok:
             return tc, verdicts
-    lines = "\n".join(f"  {v.cxx} ({v.identity}): {v.reason}" for v in verdicts)
+    lines = "\n".join(f"  {v.named}: {v.reason}" for v in verdicts)
     raise UserError(
         f"the toolchain probe (a torch extension built and loaded like a generated package's) failed with every C++ compiler here:\n"
         f"{lines}\nFix: install a compiler that matches this Python's libstdc++ (the system g++), or set CXX to one; "
@@ -51,12 +76,12 @@ def select(waiting: Callable[[LockHeld], None] | None = None) -> tuple[Toolchain
 def selected_before() -> Toolchain | None:
     """What `select` returns, known from cached verdicts alone; None where it would have to prove a compiler."""
     for cxx in toolchain.candidate_compilers():
-        tc = toolchain.detect(cxx)
-        stamp = toolchain.cache_dir() / probe_key(tc) / "verdict.json"
-        if not stamp.is_file():
-            return None
-        if Verdict(**json.loads(stamp.read_text())).ok:
-            return tc
+        for tc in candidates(cxx):
+            stamp = toolchain.cache_dir() / probe_key(tc) / "verdict.json"
+            if not stamp.is_file():
+                return None
+            if Verdict(**json.loads(stamp.read_text())).ok:
+                return tc
     return None
 
 
@@ -97,7 +122,11 @@ def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdi
             not failure.completed.interrupted and "already using this build directory" not in failure.completed.output
         )
         return Verdict(
-            cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"{failure.step} failed: {_one_line(failure.detail)}"
+            cxx=tc.cxx,
+            identity=tc.cxx_identity,
+            linker=tc.linker,
+            ok=False,
+            reason=f"{failure.step} failed: {_one_line(failure.detail)}",
         ), lasting
     except BaseException:
         loader.finish("")
@@ -107,6 +136,7 @@ def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdi
         return Verdict(
             cxx=tc.cxx,
             identity=tc.cxx_identity,
+            linker=tc.linker,
             ok=True,
             reason="builds and loads the probe",
         ), True
@@ -114,11 +144,16 @@ def _build_and_load(tc: Toolchain, source: Path, build_dir: Path) -> tuple[Verdi
         return Verdict(
             cxx=tc.cxx,
             identity=tc.cxx_identity,
+            linker=tc.linker,
             ok=False,
             reason=f"extensions it builds crash when loaded (signal {loaded.signal})",
         ), not loaded.interrupted
     return Verdict(
-        cxx=tc.cxx, identity=tc.cxx_identity, ok=False, reason=f"the probe extension does not load: {loaded.tail(1)}"
+        cxx=tc.cxx,
+        identity=tc.cxx_identity,
+        linker=tc.linker,
+        ok=False,
+        reason=f"the probe extension does not load: {loaded.tail(1)}",
     ), True
 
 

@@ -507,3 +507,28 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(
         and "crash when loaded (signal 11)" in str(exc.value)
         and "Fix:" in str(exc.value)
     )
+
+
+def test_probe_falls_back_to_the_compilers_default_linker(tmp_path: Path) -> None:
+    """Where the fastest linker installed fails, the compiler is proved again with its default linker and chosen so."""
+    fast = toolchain.fast_linker()
+    if not fast:
+        pytest.skip("no linker faster than the default is installed here (ld.mold, ld.lld or ld.gold)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    broken = bin_dir / f"ld.{fast}"  # found on PATH before the real one, by fast_linker and by the compiler
+    broken.write_text("#!/bin/sh\necho 'injected linker failure' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SHIMGEN_CACHE_DIR": str(tmp_path / "cache"),
+        "CXX": "",
+    }
+    doctor = shimgen("doctor", env=env)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    first = toolchain.candidate_compilers()[0]
+    assert re.search(rf"FAIL {re.escape(first)} with ld\.{fast} \(.*\): meson setup failed", doctor.stdout), (
+        doctor.stdout
+    )
+    assert re.search(rf"ok   {re.escape(first)} \(.*\): builds and loads the probe", doctor.stdout), doctor.stdout
+    assert re.search(rf"selected: +{re.escape(first)} \(", doctor.stdout), doctor.stdout

@@ -913,6 +913,7 @@ def fake_toolchain() -> Toolchain:
         torch_lib="/home/o'neil/my venv/lib/python3.11/site-packages/torch/lib",
         cxx="/usr/bin/g++",
         cxx_identity="g++ (GCC) 13.2.0",
+        linker="",
         meson="/usr/bin/meson",
         ninja="/usr/bin/ninja",
         has_last_error=True,
@@ -1477,20 +1478,24 @@ def test_the_warm_up_follows_the_probes_choice_of_compiler(tmp_path: Path, monke
     broken.chmod(0o755)
     monkeypatch.setenv("CXX", str(broken))
     monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(tmp_path / "cache"))
-    first, second = (toolchain.detect(cxx) for cxx in toolchain.candidate_compilers()[:2])
-    assert first.cxx == str(broken)
+    # Each compiler is proved with the fastest linker installed, then with its default linker where that fails.
+    first, second = (probe.candidates(cxx) for cxx in toolchain.candidate_compilers()[:2])
+    assert {tc.cxx for tc in first} == {str(broken)} and [tc.linker for tc in first][-1] == ""
 
     def verdict(tc: toolchain.Toolchain, ok: bool) -> None:
         stamp = toolchain.cache_dir() / probe.probe_key(tc) / "verdict.json"
         stamp.parent.mkdir(parents=True)
-        stamp.write_text(json.dumps({"cxx": tc.cxx, "identity": tc.cxx_identity, "ok": ok}))
+        stamp.write_text(json.dumps({"cxx": tc.cxx, "identity": tc.cxx_identity, "ok": ok, "linker": tc.linker}))
 
     assert warmup.needed(["cpu"])
-    verdict(first, False)
+    for tc in first:
+        assert probe.selected_before() is None and warmup.needed(["cpu"])
+        verdict(tc, False)
     assert probe.selected_before() is None and warmup.needed(["cpu"])
-    verdict(second, True)
-    assert probe.selected_before() == second and warmup.needed(["cpu"])
-    done = runtime_lib.location(second, "cpu") / "done"
+    picked = second[0]
+    verdict(picked, True)
+    assert probe.selected_before() == picked and warmup.needed(["cpu"])
+    done = runtime_lib.location(picked, "cpu") / "done"
     done.parent.mkdir(parents=True)
     done.touch()
     assert not warmup.needed(["cpu"])

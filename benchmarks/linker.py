@@ -1,0 +1,89 @@
+"""What the faster linker (`toolchain.fast_linker`: mold, lld or gold where installed) saves a package's link steps.
+
+    python benchmarks/linker.py [projects/resnet.toml ...] [--rounds 3]
+
+Builds each spec (into a temporary directory, the lockfiles left as they were), then runs every shared library's link
+command from Meson's build.ninja two ways in alternation, into a scratch file: as built, and with `-fuse-ld=bfd` (the
+system default). Median seconds per library and their sum per project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from common import REPO, shimgen_build
+
+from shimgen import toolchain
+
+
+def _link_commands(build: Path, ninja: str) -> dict[str, str]:
+    """Each shared library Meson links in `build`, and its command (writing a scratch file instead)."""
+    targets = subprocess.run(
+        [ninja, "-C", str(build), "-t", "targets", "all"], capture_output=True, text=True, check=True
+    )
+    libraries = [line.split(":")[0] for line in targets.stdout.splitlines() if line.split(":")[0].endswith(".so")]
+    commands = {}
+    for library in libraries:
+        listed = subprocess.run(
+            [ninja, "-C", str(build), "-t", "commands", "-s", library], capture_output=True, text=True
+        )
+        words = shlex.split(listed.stdout.strip().splitlines()[-1])
+        at = words.index("-o")
+        words[at + 1] = os.path.join(tempfile.gettempdir(), f"shimgen-link-{os.getpid()}.so")
+        commands[library] = shlex.join(words)
+    return commands
+
+
+def _seconds(command: str, directory: Path) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, shell=True, cwd=directory, check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("specs", nargs="*", type=Path, default=[REPO / "projects" / "resnet.toml"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    tc = toolchain.detect()
+    print(f"linker: ld.{tc.linker or 'bfd (the default)'}; compiler {tc.cxx_identity}\n")
+    print(f"| project | library | ld.{tc.linker}, s | ld.bfd, s | saved |")
+    print("| --- | --- | --- | --- | --- |")
+    for spec in args.specs:
+        with tempfile.TemporaryDirectory() as tmp:
+            lock = spec.with_name(spec.name + ".lock")
+            kept = lock.read_bytes() if lock.is_file() else None
+            try:
+                summary = shimgen_build(spec.resolve(), Path(tmp), dict(os.environ))[1]
+            finally:
+                if kept is None:
+                    lock.unlink(missing_ok=True)
+                else:
+                    lock.write_bytes(kept)
+            build = Path(tmp) / "build" / summary["name"] / "meson"
+            totals = [0.0, 0.0]
+            for library, command in _link_commands(build, tc.ninja).items():
+                ways = [command, command.replace(f"-fuse-ld={tc.linker}", "") + " -fuse-ld=bfd"]
+                samples: list[list[float]] = [[], []]
+                for _ in range(args.rounds):
+                    for k, way in enumerate(ways):
+                        samples[k].append(_seconds(way, build))
+                medians = [statistics.median(s) for s in samples]
+                totals = [t + m for t, m in zip(totals, medians, strict=True)]
+                print(
+                    f"| {spec.name} | {library} | {medians[0]:.2f} | {medians[1]:.2f} | {1 - medians[0] / medians[1]:.0%} |"
+                )
+            print(
+                f"| {spec.name} | all | {totals[0]:.2f} | {totals[1]:.2f} | {1 - totals[0] / max(totals[1], 1e-9):.0%} |"
+            )
+
+
+if __name__ == "__main__":
+    main()
