@@ -129,9 +129,9 @@ FAST_LINKERS = ("mold", "lld", "gold")
 
 
 def fast_linker() -> str:
-    """The fastest of FAST_LINKERS installed (as ld.<name> on PATH), or "" for the compiler's default. The probe proves
-    the compiler with it, and without it where that fails."""
-    return next((name for name in FAST_LINKERS if shutil.which(f"ld.{name}")), "")
+    """$CXX_LD where the user set it (Meson's variable), else the fastest of FAST_LINKERS installed (as ld.<name> on
+    PATH), or "" for the compiler's default. The probe proves the compiler with it, and without it where that fails."""
+    return os.environ.get("CXX_LD") or next((name for name in FAST_LINKERS if shutil.which(f"ld.{name}")), "")
 
 
 def candidate_compilers() -> list[str]:
