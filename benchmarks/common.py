@@ -6,6 +6,7 @@ inputs and dynamic dims of a spec's graph, checked against eager, then timed sid
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import statistics
 import subprocess
@@ -73,6 +74,31 @@ def shimgen_build(
         [sys.executable, "-m", "shimgen", "build", str(spec), "--out", str(out), "--json", *extra], env, cwd=REPO
     )
     return seconds, json.loads(stdout)
+
+
+def built_meson_dir(spec: Path, out: Path) -> Path:
+    """`spec` built into `out` with this environment, its lockfile left as it was (or absent); its Meson build dir."""
+    lock = spec.with_name(spec.name + ".lock")
+    kept = lock.read_bytes() if lock.is_file() else None
+    try:
+        summary = shimgen_build(spec.resolve(), out, dict(os.environ))[1]
+    finally:
+        if kept is None:
+            lock.unlink(missing_ok=True)
+        else:
+            lock.write_bytes(kept)
+    return out / "build" / summary["name"] / "meson"
+
+
+def shell_medians(ways: list[str], cwd: Path, rounds: int) -> list[float]:
+    """Median seconds of each shell command in `ways`, run in `cwd` in alternation for `rounds` rounds."""
+    samples: list[list[float]] = [[] for _ in ways]
+    for _ in range(rounds):
+        for k, way in enumerate(ways):
+            start = time.perf_counter()
+            subprocess.run(way, shell=True, cwd=cwd, check=True, capture_output=True)
+            samples[k].append(time.perf_counter() - start)
+    return [statistics.median(s) for s in samples]
 
 
 def import_built(summary: dict[str, Any]) -> Any:

@@ -12,13 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from common import REPO, shimgen_build
+from common import REPO, built_meson_dir, shell_medians
 
 from shimgen import toolchain
 
@@ -41,12 +39,6 @@ def _link_commands(build: Path, ninja: str) -> dict[str, str]:
     return commands
 
 
-def _seconds(command: str, directory: Path) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, shell=True, cwd=directory, check=True, capture_output=True)
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("specs", nargs="*", type=Path, default=[REPO / "projects" / "resnet.toml"])
@@ -58,24 +50,11 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for spec in args.specs:
         with tempfile.TemporaryDirectory() as tmp:
-            lock = spec.with_name(spec.name + ".lock")
-            kept = lock.read_bytes() if lock.is_file() else None
-            try:
-                summary = shimgen_build(spec.resolve(), Path(tmp), dict(os.environ))[1]
-            finally:
-                if kept is None:
-                    lock.unlink(missing_ok=True)
-                else:
-                    lock.write_bytes(kept)
-            build = Path(tmp) / "build" / summary["name"] / "meson"
+            build = built_meson_dir(spec, Path(tmp))
             totals = [0.0, 0.0]
             for library, command in _link_commands(build, tc.ninja).items():
                 ways = [command, command.replace(f"-fuse-ld={tc.linker}", "") + " -fuse-ld=bfd"]
-                samples: list[list[float]] = [[], []]
-                for _ in range(args.rounds):
-                    for k, way in enumerate(ways):
-                        samples[k].append(_seconds(way, build))
-                medians = [statistics.median(s) for s in samples]
+                medians = shell_medians(ways, build, args.rounds)
                 totals = [t + m for t, m in zip(totals, medians, strict=True)]
                 print(
                     f"| {spec.name} | {library} | {medians[0]:.2f} | {medians[1]:.2f} | {1 - medians[0] / medians[1]:.0%} |"

@@ -16,13 +16,10 @@ import argparse
 import json
 import os
 import shlex
-import statistics
-import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from common import REPO, shimgen_build
+from common import REPO, built_meson_dir, shell_medians
 
 INCLUDE = '#include "shimgen_regex_once.h"'
 UNITS = ("model.cpp", "proxy_executor.cpp")
@@ -54,12 +51,6 @@ def _plain(words: list[str]) -> str:
     return shlex.join([*kept, "-o", os.devnull])
 
 
-def _seconds(command: str, directory: Path) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, shell=True, cwd=directory, check=True, capture_output=True)
-    return time.perf_counter() - start
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("specs", nargs="*", type=Path, default=[REPO / "projects" / "resnet.toml"])
@@ -69,16 +60,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- |")
     for spec in args.specs:
         with tempfile.TemporaryDirectory() as tmp:
-            lock = spec.with_name(spec.name + ".lock")
-            kept = lock.read_bytes() if lock.is_file() else None
-            try:
-                summary = shimgen_build(spec.resolve(), Path(tmp), dict(os.environ))[1]
-            finally:
-                if kept is None:
-                    lock.unlink(missing_ok=True)
-                else:
-                    lock.write_bytes(kept)
-            build = Path(tmp) / "build" / summary["name"] / "meson"
+            build = built_meson_dir(spec, Path(tmp))
             commands = json.loads((build / "compile_commands.json").read_text())
             totals = [0.0, 0.0]
             for entry in commands:
@@ -87,11 +69,7 @@ def main() -> None:
                     continue
                 command = _plain(shlex.split(entry["command"]))
                 ways = [command, _without_declarations(command, source)]
-                samples: list[list[float]] = [[], []]
-                for _ in range(args.rounds):
-                    for k, way in enumerate(ways):
-                        samples[k].append(_seconds(way, build))
-                medians = [statistics.median(s) for s in samples]
+                medians = shell_medians(ways, build, args.rounds)
                 totals = [t + m for t, m in zip(totals, medians, strict=True)]
                 unit = f"{source.parent.name}/{source.name}"
                 print(
