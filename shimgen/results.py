@@ -211,6 +211,14 @@ def target_compile_args(units: list[Unit]) -> list[str]:
     return next((code for code in codes if not code.scalar_kernels), codes[0]).compile_args
 
 
+def wrapper_compile_args(compile_args: list[str]) -> list[str]:
+    """The compile arguments of the wrapper's side (model code, bindings, entry points, data, and the prebuilt pieces they
+    share) from the target's: its defines, include directories and ISA baseline (-march), without what only Inductor's
+    kernels need (math flags, ISA extensions, the vector-capability define). One prebuilt set then serves every kernel
+    flag set of a target: scalar kernels, or math flags that differ with the name Inductor finds the compiler by."""
+    return [a for a in compile_args if a.startswith(("-D", "-I", "-march=")) and not a.startswith("-DCPU_CAPABILITY")]
+
+
 def unit_name(graph: Graph, target: Target) -> str:
     return f"{graph.name}_{target.device}"
 

@@ -30,6 +30,7 @@ from shimgen.results import (
     Unit,
     Variant,
     target_compile_args,
+    wrapper_compile_args,
 )
 from shimgen.spec import Flags, Graph, ProjectSpec, Target
 from shimgen.spec.model import SCALAR_TYPES
@@ -326,6 +327,7 @@ def render_project(
                 "device": t.device,
                 "archs": t.archs,
                 "inductor_args": target_compile_args([u for u in units if u.target is t]),
+                "wrapper_args": wrapper_compile_args(target_compile_args([u for u in units if u.target is t])),
                 "interface_lib": str(built.interface_lib),
                 "runtime_libs": [str(p) for p in built.runtime_libs],
                 "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],

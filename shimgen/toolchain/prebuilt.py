@@ -19,7 +19,7 @@ from shimgen.errors import BuildError
 from shimgen.files import LockHeld, shimgen_fingerprint
 from shimgen.inductor import codegen
 from shimgen.project import render
-from shimgen.results import Prebuilt, Unit, target_compile_args
+from shimgen.results import Prebuilt, Unit, target_compile_args, wrapper_compile_args
 from shimgen.spec import Flags, Target
 from shimgen.toolchain import Toolchain, entries, runtime_lib
 
@@ -45,7 +45,7 @@ def ensure(
     root = entries.location("prebuilt", key)
 
     def make(staging: Path) -> None:
-        render.render_prebuilt(tc, target.device, compile_args, flags, interface, staging / "src")
+        render.render_prebuilt(tc, target.device, wrapper_compile_args(compile_args), flags, interface, staging / "src")
         build(staging / "src", staging / "build", tc, "the shared runtime interface and precompiled headers", launcher)
 
     with ThreadPoolExecutor(1) as pool:  # the kernels' header compiles beside the rest, as in one ninja run
@@ -70,9 +70,14 @@ def ensure(
 
 def entry_keys(tc_key: str, device: str, compile_args: list[str], flags: Flags, interface: bytes) -> tuple[str, str]:
     """The keys of the wrapper's pieces and of the kernels' precompiled header: each holds what its files depend on."""
-    common = json.dumps([tc_key, device, compile_args, flags.pch, shimgen_fingerprint()]).encode()
-    wrapper = hashlib.sha256(common + json.dumps(["wrapper", flags.wrapper_opt]).encode() + interface)
-    kernel = hashlib.sha256(common + json.dumps(["kernel", flags.kernel_opt]).encode())
+
+    def common(args: list[str]) -> bytes:
+        return json.dumps([tc_key, device, args, flags.pch, shimgen_fingerprint()]).encode()
+
+    wrapper = hashlib.sha256(
+        common(wrapper_compile_args(compile_args)) + json.dumps(["wrapper", flags.wrapper_opt]).encode() + interface
+    )
+    kernel = hashlib.sha256(common(compile_args) + json.dumps(["kernel", flags.kernel_opt]).encode())
     return wrapper.hexdigest()[:16], kernel.hexdigest()[:16]
 
 

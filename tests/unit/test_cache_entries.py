@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from shimgen.errors import UserError
+from shimgen.results import wrapper_compile_args
 from shimgen.spec import Flags
 from shimgen.toolchain import entries, prebuilt
 
@@ -158,3 +159,19 @@ def test_kernel_opt_keys_the_kernels_header_alone() -> None:
     assert other_wrapper_opt[0] != wrapper and other_wrapper_opt[1] == kernel
     assert other_interface[0] != wrapper and other_interface[1] == kernel
     assert not {wrapper, kernel} & set(keys(pch=False))
+
+
+def test_kernel_flags_key_the_kernels_header_alone() -> None:
+    """Projects whose kernels differ (scalar kernels, math flags that differ with the compiler's name) share the wrapper's
+    prebuilt pieces; a different ISA baseline or a define the wrapper reads does not."""
+    vectorized = ["-DCPU_CAPABILITY_AVX512", "-DUSE_MMAP_EXTERNAL", "-fexcess-precision=fast", "-march=native", "-mfma"]
+    scalar = ["-DUSE_MMAP_EXTERNAL", "-ffp-contract=off", "-march=native"]
+    portable = ["-DUSE_MMAP_EXTERNAL", "-march=x86-64"]
+    embedded = ["-DCPU_CAPABILITY_AVX512", "-fexcess-precision=fast", "-march=native", "-mfma"]
+
+    def keys(args: list[str]) -> tuple[str, str]:
+        return prebuilt.entry_keys("toolchain", "cpu", args, Flags(), b"interface")
+
+    assert wrapper_compile_args(vectorized) == ["-DUSE_MMAP_EXTERNAL", "-march=native"] == wrapper_compile_args(scalar)
+    assert keys(vectorized)[0] == keys(scalar)[0] and keys(vectorized)[1] != keys(scalar)[1]
+    assert len({keys(args)[0] for args in (vectorized, portable, embedded)}) == 3
