@@ -107,8 +107,9 @@ def runtime_sources(tests: bool) -> list[tuple[str, bytes]]:
     ]
 
 
-def render_runtime(tc: Toolchain, device: str, out: Path, tests: bool = False) -> None:
-    """The runtime library's Meson project for `device` (with `tests`, its unit tests too) into `out`."""
+def render_runtime(tc: Toolchain, device: str, out: Path, tests_against: Path | None = None) -> None:
+    """The runtime library's Meson project for `device` into `out`; with `tests_against` (the core library the per-user
+    cache built from the same sources), its unit tests instead, linked with that library."""
     cuda_includes: list[str] = []
     if devices.device(device).gpu:
         from shimgen.toolchain.cuda import detect_cuda
@@ -119,11 +120,11 @@ def render_runtime(tc: Toolchain, device: str, out: Path, tests: bool = False) -
         "device": device,
         "cuda": devices.device(device).gpu,
         "cuda_includes": cuda_includes,
-        "tests": tests,
+        "tests_against": tests_against,
         "path_maps": path_maps(tc),
     }
     write_if_changed(out / "meson.build", _env().get_template("runtime/meson.build.j2").render(context))
-    for name, content in runtime_sources(tests):
+    for name, content in runtime_sources(tests_against is not None):
         if not name.endswith(".j2"):
             write_if_changed(out / name, content)
 

@@ -1,6 +1,7 @@
 """shimgen's runtime library (shimgen/runtime) builds with warnings as errors, and its C++ unit tests pass: configured,
-built and run with Meson (`meson test`) against the installed torch, with the compiler the toolchain probe proves. The C++
-package's tests load a stand-in for a compiled model that the same project builds (SHIMGEN_FAKE_MODEL)."""
+built and run with Meson (`meson test`) against the installed torch, with the compiler the toolchain probe proves, linked
+with the runtime library as the per-user cache builds it for every project. The C++ package's tests load a stand-in for
+a compiled model that the same project builds (SHIMGEN_FAKE_MODEL)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from shimgen import toolchain
 from shimgen.build.meson import build
 from shimgen.project import render
-from shimgen.toolchain import probe
+from shimgen.toolchain import Toolchain, probe, runtime_lib
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Toolchain, runtime_lib.RuntimeLibrary]:
     tc, _ = probe.select()
+    library = runtime_lib.ensure(tc, "cpu", None, launcher=toolchain.compiler_cache())
     root = tmp_path_factory.mktemp("runtime_cpp")
-    render.render_runtime(tc, "cpu", root / "src", tests=True)
+    render.render_runtime(tc, "cpu", root / "src", tests_against=library.core)
     build(root / "src", root / "build", tc, "the runtime's unit tests")
-    return root / "build", tc
+    return root / "build", tc, library
 
 
-def test_runtime_unit_tests_pass(built: tuple[Path, object]) -> None:
-    build_dir, tc = built
+def test_runtime_unit_tests_pass(built: tuple[Path, Toolchain, runtime_lib.RuntimeLibrary]) -> None:
+    build_dir, tc, _ = built
     result = subprocess.run(
         [tc.meson, "test", "-C", str(build_dir), "--print-errorlogs"], capture_output=True, text=True, env=tc.env()
     )
@@ -52,6 +55,6 @@ def test_runtime_unit_tests_pass(built: tuple[Path, object]) -> None:
         assert f"ok {name}" in log, log
 
 
-def test_runtime_library_is_built(built: tuple[Path, object]) -> None:
-    build_dir, _ = built
-    assert (build_dir / "libshimgen_core.a").is_file() and (build_dir / "libshimgen_python.a").is_file()
+def test_runtime_library_is_built(built: tuple[Path, Toolchain, runtime_lib.RuntimeLibrary]) -> None:
+    _, _, library = built
+    assert library.core.is_file() and library.python.is_file()
