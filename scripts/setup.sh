@@ -12,7 +12,7 @@ VENV="${VENV:-.venv}"
 torchvision_for() { local minor patch; IFS=. read -r _ minor patch <<< "$1"; echo "0.$((minor + 15)).${patch:-0}"; }
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile)
 "${pip[@]}" "torch==${TORCH_VERSION}"
 # Everything after torch is installed against it: a package that asks for torch (timm, torchvision) gets this one, never
 # the registry's newest (a CUDA build of several GB).
