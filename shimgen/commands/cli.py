@@ -32,7 +32,7 @@ from shimgen.toolchain.cuda import detect_cuda, torch_cuda_version
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None and sys.argv[1:2] == ["build"]:  # the command line's, not a caller's in this process
+    if argv is None and sys.argv[1:2] in (["build"], ["check"]):  # the command line's, not a caller's in this process
         handed = server.hand_over(sys.argv[1:])
         if handed is not None:
             return handed

@@ -1,4 +1,4 @@
-"""The build server (shimgen/commands/server.py): `shimgen build` hands its work to a per-user process that has torch
+"""The build server (shimgen/commands/server.py): `shimgen build` and `shimgen check` hand their work to a per-user process that has torch
 imported, and the result is the same as a build in the command's own process: an edited model is seen, errors read
 the same, a killed server costs nothing but its speed, and an idle one stops."""
 
@@ -82,6 +82,16 @@ def test_builds_run_in_the_server_and_see_edits(project: tuple[Path, dict[str, s
         assert code == 0, err
         assert second["build_server"] == server
         torch.testing.assert_close(call_in_subprocess(second, "forward", tmp_path, x), eager(spec, x))
+        # `shimgen check` (a build, then the package against eager) runs in the server too.
+        check = subprocess.run(
+            [*COMMAND, "check", str(spec), "--out", str(tmp_path / "out"), "--json"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env, "SHIMGEN_SERVER": "on"},
+        )
+        assert check.returncode == 0, check.stderr
+        report = json.loads(check.stdout)
+        assert report["ok"] and report["comparisons"] and report["build_server"] == server
 
         spec.write_text(with_flags(spec.read_text(), no_such_flag="1"))
         code, _, err = served_build(spec, tmp_path / "out", env)
