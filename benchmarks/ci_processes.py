@@ -3,7 +3,7 @@ every quarter second, adding each process's new user + system time to its kind. 
 over the run (/proc/stat; the build servers are detached, outside the command's tree), so what the samples missed
 (processes shorter than a sample, the last quarter second of each, anything else running) shows as a row of its own.
 
-    python benchmarks/ci_processes.py --out benchmarks/results/ci_processes.md -- bash .ci/run
+    python benchmarks/ci_processes.py --out /tmp/ci_processes.md -- bash .ci/run
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def kind(cmdline: list[str], cwd: str, comm: str) -> str:
     if "meson" in text or comm == "ninja":
         return "meson and ninja"
     if "python" in comm or "python" in (cmdline[0] if cmdline else ""):
-        return "other interpreters (package checks, tests' subprocesses, CLI clients)"
+        return "other interpreters (spawned build workers, package checks, tests' subprocesses)"
     if comm in ("mypy", "ruff"):
         return "lint"
     return f"other ({comm})"

@@ -1,6 +1,6 @@
 """The build server: a per-user process that imports torch, Inductor and shimgen once and runs each `shimgen build`
-and `shimgen check` handed to it in a child forked from that state, so that an edit-rebuild loop does not pay Python's and torch's
-start-up (3-6 s on 2 cores) at every build.
+and `shimgen check` handed to it in a child forked from that state, so that an edit-rebuild loop does not pay Python's
+and torch's start-up (3-6 s on 2 cores) at every build.
 
 The server itself never builds: it holds only imported modules (no thread of its own, no OpenMP team, no CUDA
 driver asked anything), so each child starts as a fresh `shimgen build` would, less the imports, and imports the project's own

@@ -321,14 +321,15 @@ def render_project(
                 {"file": path.name, "op": next(d.name for d in ops.ops if d.entry == k and d.module is None)}
             )
     targets = []
+    target_args = {t.device: target_compile_args([u for u in units if u.target is t]) for t in spec.target}
     for t in spec.target:
         built = prebuilt[t.device]
         targets.append(
             {
                 "device": t.device,
                 "archs": t.archs,
-                "inductor_args": target_compile_args([u for u in units if u.target is t]),
-                "wrapper_args": wrapper_compile_args(target_compile_args([u for u in units if u.target is t])),
+                "inductor_args": target_args[t.device],
+                "wrapper_args": wrapper_compile_args(target_args[t.device]),
                 "interface_lib": str(built.interface_lib),
                 "runtime_libs": [str(p) for p in built.runtime_libs],
                 "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
