@@ -240,12 +240,20 @@ class Prebuilt:
     runtime_libs: tuple[
         Path, ...
     ] = ()  # shimgen's runtime library for the device (toolchain/runtime_lib.py), in link order
+    extern_ops_lib: Path | None = None  # the runtime's proxy executor, for graphs that call ops through the dispatcher
 
     @property
     def files(self) -> tuple[Path, ...]:
         return tuple(
             p
-            for p in (self.interface_lib, self.wrapper_pch, self.kernel_pch, self.runtime_pch, *self.runtime_libs)
+            for p in (
+                self.interface_lib,
+                self.wrapper_pch,
+                self.kernel_pch,
+                self.runtime_pch,
+                *self.runtime_libs,
+                self.extern_ops_lib,
+            )
             if p
         )
 

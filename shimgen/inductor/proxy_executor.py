@@ -1,9 +1,10 @@
-"""The C++ that runs the ops Inductor leaves to run time (custom ops, aten ops without a C shim).
+"""The table of ops Inductor leaves to run time (custom ops, aten ops without a C shim), for the runtime's proxy
+executor (shimgen/runtime/shimgen_extern_ops.h).
 
 AOTInductor's generated code calls such an op as `proxy_executor->call_function(node, ints, tensors)`: the op's
 int and tensor arguments flattened, its output tensors appended last, and everything else left in `<hash>.wrapper.json`.
-AOTInductor's own executor parses that JSON at load time; shimgen reads it at build time instead and writes, per
-node, the dispatcher call with every argument in its place: constants as literals, nothing parsed at run time.
+AOTInductor's own executor parses that JSON at load time; shimgen reads it at build time instead and writes, per node,
+where each argument comes from: constants as literals of the table, nothing parsed at run time.
 """
 
 from __future__ import annotations
@@ -21,28 +22,29 @@ from shimgen.project.escape import cpp
 
 @dataclass(frozen=True)
 class ExternNode:
-    """One op call: the op, the stack slot of each argument (a C++ expression), and where each output goes."""
+    """One op call: its ExternArg and ExternResult initializers (C++), in the schema's order, and the arrays of
+    literal lists they point to."""
 
     name: str  # 'ns::op'
     overload: str
     schema: str
-    arity: int
-    args: tuple[tuple[int, Markup], ...]  # (stack slot, IValue expression)
-    outputs: tuple[Markup, ...]  # statements storing the results, after the call
+    args: tuple[Markup, ...]
+    results: tuple[Markup, ...]
+    arrays: tuple[Markup, ...]
     num_ints: int
     num_tensors: int
 
 
 def extern_nodes(wrapper_json: dict[str, Any]) -> list[ExternNode]:
     """The nodes of Inductor's `<hash>.wrapper.json`, in the order the generated code numbers them."""
-    return [_node(entry["node"]) for entry in wrapper_json.get("nodes", [])]
+    return [_node(entry["node"], f"node{k}") for k, entry in enumerate(wrapper_json.get("nodes", []))]
 
 
 def ops_called(wrapper_json: dict[str, Any]) -> list[str]:
     return sorted({entry["node"]["target"] for entry in wrapper_json.get("nodes", [])})
 
 
-def _node(node: dict[str, Any]) -> ExternNode:
+def _node(node: dict[str, Any], prefix: str) -> ExternNode:
     import torch
 
     target = node["target"]
@@ -51,7 +53,7 @@ def _node(node: dict[str, Any]) -> ExternNode:
         schema = torch._C._get_schema(name, overload)
     except RuntimeError:
         raise UserError(f"the graph calls {target}, which is not registered in this process") from None
-    flat = _Flat(target)
+    flat = _Flat(target, prefix)
     slots = {a.name: k for k, a in enumerate(schema.arguments)}
     args: dict[int, Markup] = {}
     for item in node["inputs"]:
@@ -63,145 +65,156 @@ def _node(node: dict[str, Any]) -> ExternNode:
         if slot not in args:
             if not argument.has_default_value():
                 raise UserError(f"{target}: Inductor passes no value for '{argument.name}', which has no default")
-            args[slot] = _literal(argument.default_value, argument.real_type, target, argument.name)
+            args[slot] = flat.default(argument.default_value, argument.real_type, argument.name)
     if len(node["outputs"]) != len(schema.returns):
         raise UserError(
             f"{target}: Inductor describes {len(node['outputs'])} outputs, the schema {len(schema.returns)}"
         )
-    outputs = [
-        flat.output(k, r.real_type, out) for k, (r, out) in enumerate(zip(schema.returns, node["outputs"], strict=True))
-    ]
+    results = [flat.output(r.real_type, out) for r, out in zip(schema.returns, node["outputs"], strict=True)]
     return ExternNode(
         name,
         overload,
         str(schema),
-        len(schema.arguments),
-        tuple(sorted(args.items())),
-        tuple(o for o in outputs if o),
+        tuple(args[slot] for slot in range(len(schema.arguments))),
+        tuple(results),
+        tuple(flat.arrays),
         flat.ints,
         flat.tensors,
     )
 
 
-class _Flat:
-    """Where each int and tensor argument sits in the flattened arrays, counted as the generated code passes them."""
+def _arg(kind: str, **fields: object) -> Markup:
+    return Markup(
+        "{" + ", ".join([f".kind = shimgen::ExternArg::{kind}", *(f".{k} = {v}" for k, v in fields.items())]) + "}"
+    )
 
-    def __init__(self, target: str) -> None:
+
+def _result(kind: str, **fields: object) -> Markup:
+    return Markup(
+        "{" + ", ".join([f".kind = shimgen::ExternResult::{kind}", *(f".{k} = {v}" for k, v in fields.items())]) + "}"
+    )
+
+
+class _Flat:
+    """Where each int and tensor argument sits in the flattened arrays, counted as the generated code passes them, and
+    the literal lists the table needs."""
+
+    def __init__(self, target: str, prefix: str) -> None:
         self.target = target
+        self.prefix = prefix
         self.ints = 0
         self.tensors = 0
+        self.arrays: list[Markup] = []
 
-    def tensor(self) -> Markup:
-        self.tensors += 1
-        return Markup(f"*tensor_handle_to_tensor_pointer(tensors[{self.tensors - 1}])")
+    def _take(self, counter: str, n: builtins.int) -> builtins.int:
+        first = getattr(self, counter)
+        setattr(self, counter, first + n)
+        return first
 
-    def int(self) -> Markup:
-        self.ints += 1
-        return Markup(f"ints[{self.ints - 1}]")
+    def _array(self, c_type: str, items: list[str]) -> str:
+        name = f"{self.prefix}_{len(self.arrays)}"
+        self.arrays.append(Markup(f"const {c_type} {name}[] = {{{', '.join(items)}}};"))
+        return name
 
     def argument(self, arg: dict[str, Any], name: str) -> Markup:
-        """The IValue of one argument as Inductor serialized it: its kind says where the value is."""
+        """One argument as Inductor serialized it: its kind says where the value is."""
         ((kind, value),) = arg.items()
         if kind == "as_none":
-            return Markup("c10::IValue()")
+            return _arg("kNone")
         if kind == "as_tensor":
-            return Markup(f"c10::IValue({self.tensor()})")
+            return _arg("kTensor", index=self._take("tensors", 1))
         if kind in ("as_int", "as_sym_int"):
-            return Markup(f"c10::IValue({self.int()})")
+            return _arg("kInt", index=self._take("ints", 1))
         if kind in ("as_ints", "as_sym_ints"):
-            first = self.ints
-            self.ints += len(value)
-            return Markup(f"c10::IValue(std::vector<int64_t>(ints + {first}, ints + {self.ints}))")
+            return _arg("kInts", index=self._take("ints", len(value)), count=len(value))
         if kind == "as_tensors":
-            return Markup("c10::IValue(std::vector<at::Tensor>{" + ", ".join(self.tensor() for _ in value) + "})")
+            return _arg("kTensors", index=self._take("tensors", len(value)), count=len(value))
         if kind == "as_optional_tensors":
-            items = [self.tensor() if next(iter(item)) == "as_tensor" else Markup("std::nullopt") for item in value]
-            return Markup("c10::IValue(c10::List<std::optional<at::Tensor>>({" + ", ".join(items) + "}))")
-        return _serialized_literal(kind, value, self.target, name)
+            present = [next(iter(item)) == "as_tensor" for item in value]
+            flags = self._array("bool", ["true" if p else "false" for p in present]) if value else "nullptr"
+            return _arg("kOptionalTensors", index=self._take("tensors", sum(present)), count=len(value), flags=flags)
+        return self._serialized_literal(kind, value, name)
 
-    def output(self, index: builtins.int, schema_type: Any, out: dict[str, Any]) -> Markup:
+    def output(self, schema_type: Any, out: dict[str, Any]) -> Markup:
         ((kind, value),) = out.items()
         type_kind = schema_type.kind()
         if kind == "as_none" or type_kind == "NoneType":
-            return Markup("")
+            return _result("kSkip")
         if kind == "as_tensor":
-            return Markup(f"{self.tensor()} = std::move(stack[{index}]).toTensor();")
+            return _result("kTensor", index=self._take("tensors", 1))
         if kind == "as_optional_tensor":
             if next(iter(value)) == "as_none":
-                return Markup("")
-            return Markup(f"{self.tensor()} = std::move(stack[{index}]).toTensor();")
+                return _result("kSkip")
+            return _result("kTensor", index=self._take("tensors", 1))
         if kind == "as_tensors":
-            stores = " ".join(f"{self.tensor()} = list.get({k});" for k in range(len(value)))
-            return Markup(
-                f"{{ auto list = std::move(stack[{index}]).toTensorList(); TORCH_CHECK(list.size() == {len(value)}, "
-                f'{cpp(self.target)}, " returned ", list.size(), " tensors, traced with {len(value)}"); {stores} }}'
-            )
+            return _result("kTensors", index=self._take("tensors", len(value)), count=len(value))
         if kind == "as_int" and type_kind == "IntType":
-            return Markup(
-                f'TORCH_CHECK(stack[{index}].toInt() == {self.int()}, "an int result differs from its traced value");'
-            )
+            return _result("kIntCheck", index=self._take("ints", 1))
         raise UserError(f"shimgen cannot call {self.target} yet: it returns {schema_type}")
 
+    def _list(self, kind: str, field: str, c_type: str, items: list[str]) -> Markup:
+        return _arg(kind, count=len(items), **{field: self._array(c_type, items) if items else "nullptr"})
 
-def _serialized_literal(kind: str, value: Any, target: str, name: str) -> Markup:
-    """A constant Inductor serialized into the JSON, as an IValue expression."""
-    from torch._export.serde.serialize import (
-        _SERIALIZE_TO_TORCH_DTYPE,
-        _SERIALIZE_TO_TORCH_LAYOUT,
-        _SERIALIZE_TO_TORCH_MEMORY_FORMAT,
-    )
-
-    if kind == "as_float":
-        return Markup(f"c10::IValue({_double(value)})")
-    if kind == "as_bool":
-        return Markup(f"c10::IValue({'true' if value else 'false'})")
-    if kind == "as_string":
-        return Markup(f"c10::IValue(std::string({cpp(value)}))")
-    if kind == "as_floats":
-        return Markup("c10::IValue(std::vector<double>{" + ", ".join(_double(v) for v in value) + "})")
-    if kind == "as_bools":
-        return Markup("c10::IValue(std::vector<bool>{" + ", ".join("true" if v else "false" for v in value) + "})")
-    if kind == "as_strings":
-        return Markup(
-            "c10::IValue(std::vector<std::string>{" + ", ".join(f"std::string({cpp(v)})" for v in value) + "})"
+    def _serialized_literal(self, kind: str, value: Any, name: str) -> Markup:
+        """A constant Inductor serialized into the JSON."""
+        from torch._export.serde.serialize import (
+            _SERIALIZE_TO_TORCH_DTYPE,
+            _SERIALIZE_TO_TORCH_LAYOUT,
+            _SERIALIZE_TO_TORCH_MEMORY_FORMAT,
         )
-    if kind == "as_scalar_type":
-        return _dtype(_SERIALIZE_TO_TORCH_DTYPE[value])
-    if kind == "as_memory_format":
-        return _memory_format(_SERIALIZE_TO_TORCH_MEMORY_FORMAT[value])
-    if kind == "as_layout":
-        return _layout(_SERIALIZE_TO_TORCH_LAYOUT[value])
-    if kind == "as_device":
-        # The device type alone: the model's GPU is current while it runs, whichever the build used.
-        return Markup(f"c10::IValue(c10::Device({cpp(value['type'])}))")
-    raise UserError(f"shimgen cannot call {target} yet: argument '{name}' is passed as {kind}")
+
+        if kind == "as_float":
+            return _arg("kFloat", number=_double(value))
+        if kind == "as_bool":
+            return _arg("kBool", integer=int(bool(value)))
+        if kind == "as_string":
+            return _arg("kString", text=cpp(value))
+        if kind == "as_floats":
+            return self._list("kFloats", "numbers", "double", [_double(v) for v in value])
+        if kind == "as_bools":
+            return self._list("kBools", "flags", "bool", ["true" if v else "false" for v in value])
+        if kind == "as_strings":
+            return self._list("kStrings", "texts", "char* const", [cpp(v) for v in value])
+        if kind == "as_scalar_type":
+            return _dtype(_SERIALIZE_TO_TORCH_DTYPE[value])
+        if kind == "as_memory_format":
+            return _memory_format(_SERIALIZE_TO_TORCH_MEMORY_FORMAT[value])
+        if kind == "as_layout":
+            return _layout(_SERIALIZE_TO_TORCH_LAYOUT[value])
+        if kind == "as_device":
+            # The device type alone: the model's GPU is current while it runs, whichever the build used.
+            return _arg("kDevice", text=cpp(value["type"]))
+        raise UserError(f"shimgen cannot call {self.target} yet: argument '{name}' is passed as {kind}")
+
+    def default(self, value: Any, schema_type: Any, name: str) -> Markup:
+        """A schema default."""
+        import torch
+
+        if value is None:
+            return _arg("kNone")
+        if isinstance(value, bool):
+            return _arg("kBool", integer=int(value))
+        if isinstance(value, int):
+            return _arg("kLiteralInt", integer=_int(value))
+        if isinstance(value, float):
+            return _arg("kFloat", number=_double(value))
+        if isinstance(value, str):
+            return _arg("kString", text=cpp(value))
+        if isinstance(value, torch.dtype):
+            return _dtype(value)
+        if isinstance(value, torch.memory_format):
+            return _memory_format(value)
+        if isinstance(value, torch.layout):
+            return _layout(value)
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return self._list("kLiteralInts", "integers", "int64_t", [_int(v) for v in value])
+        if isinstance(value, (list, tuple)) and all(isinstance(v, float) for v in value):
+            return self._list("kFloats", "numbers", "double", [_double(v) for v in value])
+        raise UserError(f"shimgen cannot call {self.target} yet: the default of '{name}' ({schema_type}) is {value!r}")
 
 
-def _literal(value: Any, schema_type: Any, target: str, name: str) -> Markup:
-    """A schema default as an IValue expression."""
-    import torch
-
-    if value is None:
-        return Markup("c10::IValue()")
-    if isinstance(value, bool):
-        return Markup(f"c10::IValue({'true' if value else 'false'})")
-    if isinstance(value, int):
-        return Markup(f"c10::IValue(int64_t{{{value}}})" if value != -(2**63) else "c10::IValue(INT64_MIN)")
-    if isinstance(value, float):
-        return Markup(f"c10::IValue({_double(value)})")
-    if isinstance(value, str):
-        return Markup(f"c10::IValue(std::string({cpp(value)}))")
-    if isinstance(value, torch.dtype):
-        return _dtype(value)
-    if isinstance(value, torch.memory_format):
-        return _memory_format(value)
-    if isinstance(value, torch.layout):
-        return _layout(value)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return Markup("c10::IValue(std::vector<int64_t>{" + ", ".join(f"int64_t{{{v}}}" for v in value) + "})")
-    if isinstance(value, (list, tuple)) and all(isinstance(v, float) for v in value):
-        return Markup("c10::IValue(std::vector<double>{" + ", ".join(_double(v) for v in value) + "})")
-    raise UserError(f"shimgen cannot call {target} yet: the default of '{name}' ({schema_type}) is {value!r}")
+def _int(value: int) -> str:
+    return "INT64_MIN" if value == -(2**63) else f"int64_t{{{value}}}"
 
 
 def _double(value: float) -> str:
@@ -213,7 +226,7 @@ def _double(value: float) -> str:
 
 
 def _dtype(dtype: Any) -> Markup:
-    return Markup(f"c10::IValue(c10::ScalarType::{_SCALAR_TYPE[str(dtype)]})")
+    return _arg("kScalarType", text=cpp(_SCALAR_TYPE[str(dtype)]))
 
 
 def _memory_format(memory_format: Any) -> Markup:
@@ -223,12 +236,12 @@ def _memory_format(memory_format: Any) -> Markup:
         "torch.channels_last_3d": "ChannelsLast3d",
         "torch.preserve_format": "Preserve",
     }
-    return Markup(f"c10::IValue(c10::MemoryFormat::{names[str(memory_format)]})")
+    return _arg("kMemoryFormat", text=cpp(names[str(memory_format)]))
 
 
 def _layout(layout: Any) -> Markup:
     names = {"torch.strided": "Strided", "torch.sparse_coo": "Sparse", "torch._mkldnn": "Mkldnn"}
-    return Markup(f"c10::IValue(c10::Layout::{names[str(layout)]})")
+    return _arg("kLayout", text=cpp(names[str(layout)]))
 
 
 _SCALAR_TYPE = {

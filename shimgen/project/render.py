@@ -332,6 +332,7 @@ def render_project(
                 "wrapper_args": wrapper_compile_args(target_args[t.device]),
                 "interface_lib": str(built.interface_lib),
                 "runtime_libs": [str(p) for p in built.runtime_libs],
+                "extern_ops_lib": str(built.extern_ops_lib),
                 "wrapper_pch_args": ["-include", str(built.wrapper_pch), "-Winvalid-pch"] if built.wrapper_pch else [],
                 "kernel_pch_args": ["-include", str(built.kernel_pch), "-Winvalid-pch"] if built.kernel_pch else [],
                 "runtime_pch_args": ["-include", str(built.runtime_pch), "-Winvalid-pch"] if built.runtime_pch else [],

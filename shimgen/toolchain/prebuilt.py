@@ -65,6 +65,7 @@ def ensure(
         kernel_pch=kernel_pch.result() if kernel_pch else None,
         runtime_pch=_pch(built, "runtime") if flags.pch else None,
         runtime_libs=tuple(runtime.link_order),
+        extern_ops_lib=runtime.extern_ops,
     )
 
 

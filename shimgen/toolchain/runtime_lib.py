@@ -20,6 +20,7 @@ class RuntimeLibrary:
     key: str
     core: Path  # libshimgen_core.a: the runtime over at::Tensor, no Python
     python: Path  # libshimgen_python.a: the CPython face over the core
+    extern_ops: Path  # libshimgen_extern_ops.a: the proxy executor of the graphs that call ops through the dispatcher
 
     @property
     def link_order(self) -> list[Path]:
@@ -54,4 +55,9 @@ def ensure(
     root = location(tc, device)
     entries.ensure(root, make, held, waiting)
     built = root / "build"
-    return RuntimeLibrary(key=lib_key, core=built / "libshimgen_core.a", python=built / "libshimgen_python.a")
+    return RuntimeLibrary(
+        key=lib_key,
+        core=built / "libshimgen_core.a",
+        python=built / "libshimgen_python.a",
+        extern_ops=built / "libshimgen_extern_ops.a",
+    )
