@@ -473,26 +473,21 @@ def test_probe_rejects_a_compiler_whose_extensions_crash(
         "#if defined(__PIC__) && !defined(__PIE__)\n#include <signal.h>\n"
         "__attribute__((constructor)) static void shimgen_crash(void) { raise(SIGSEGV); }\n#endif\n"
     )
-    crashing = bin_dir / "c++"
+    # Named as no usual compiler is: the one that works after it is the session's (its headers and runtime library are
+    # built already).
+    crashing = bin_dir / "crashing-c++"
     crashing.write_text(f'#!/bin/sh\nexec {real} -include {tmp_path / "crash.h"} "$@"\n')
     crashing.chmod(0o755)
-    env = {
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "SHIMGEN_CACHE_DIR": str(cache_sharing_the_toolchain(tmp_path)),
-        "CXX": "",
-    }
+    env = {"SHIMGEN_CACHE_DIR": str(cache_sharing_the_toolchain(tmp_path)), "CXX": str(crashing)}
     doctor = shimgen("doctor", env=env)
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert f"FAIL {crashing}" in doctor.stdout and "crash when loaded (signal 11)" in doctor.stdout
     assert f"selected:       {crashing}" not in doctor.stdout and "selected:       none" not in doctor.stdout
 
-    # CXX names the broken compiler: tried first, then another that works (the session's, on the usual PATH: its
-    # headers and runtime library are built already), with a warning.
+    # CXX names the broken compiler: tried first, then another that works, with a warning.
     text = with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS)
     spec = spec_of_its_own(workdir, tmp_path / "spec" / "mlp.toml", text)
-    build = shimgen(
-        "build", spec, "--out", tmp_path, "--json", env={**env, "PATH": os.environ["PATH"], "CXX": str(crashing)}
-    )
+    build = shimgen("build", spec, "--out", tmp_path, "--json", env=env)
     assert build.returncode == 0, build.stderr
     assert f"warning: {crashing}" in build.stderr and "crash when loaded (signal 11)" in build.stderr
 

@@ -1,6 +1,7 @@
 """Strings from the spec and the machine reach Python, Meson, TOML and C++ only as escaped literals:
 a description holding triple quotes, backslashes and non-ASCII text, a spec file, an output directory
-and a per-user cache whose paths hold quotes and spaces still give a package that imports."""
+and a per-user cache whose paths hold quotes and spaces still give a package that imports. (The per-user cache's
+pieces are the session's, here; test_reproducible.py builds them under such a path.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST_FLAGS, build_json, edited, import_package, with_flags
+from conftest import FAST_FLAGS, build_json, cache_sharing_the_toolchain, edited, import_package, with_flags
 
 from shimgen.project import escape
 from shimgen.spec import load_spec
@@ -30,7 +31,7 @@ DESCRIPTION = "Says \"\"\"hi\"\"\" and '''bye''' with a back\\slash, {braces}, 1
 def test_awkward_strings_build_a_package_that_imports(
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(tmp_path / "cache dir's ü" / "toolchain"))
+    monkeypatch.setenv("SHIMGEN_CACHE_DIR", str(cache_sharing_the_toolchain(tmp_path / "cache dir's ü")))
     spec = workdir / "projects" / "odd 'spec' ü.toml"
     text = with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS)
     text = edited(text, 'name = "mlp"', 'name = "odd_strings"\nversion = "2.0rc1"')

@@ -1,7 +1,9 @@
 """Reproducible builds: one spec built twice at once, into different output directories by different users (their own
-HOME, so their own shimgen and compiler caches, and their own Inductor cache), gives byte-identical wheels with sorted
-members, SOURCE_DATE_EPOCH's timestamps, and no path of the build machine inside. Kernel choices by timing are the
-lockfile's concern, so the spec's GEMMs are not autotuned here."""
+HOME, so their own compiler and Inductor caches), gives byte-identical wheels with sorted members, SOURCE_DATE_EPOCH's
+timestamps, and no path of the build machine inside. One user starts from an empty per-user cache, in a HOME whose path
+holds a quote, a space and non-ASCII text (its prebuilt pieces and runtime library are built there); the other links
+the session's, built by another HOME at other paths. Kernel choices by timing are the lockfile's concern, so the
+spec's GEMMs are not autotuned here."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import COMMAND, REPO, spec_of_its_own, with_flags
+from conftest import COMMAND, REPO, cache_sharing_the_toolchain, spec_of_its_own, with_flags
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +37,13 @@ def _spec_without_autotuning(workdir: Path, tmp_path: Path) -> Path:
     return spec_of_its_own(workdir, tmp_path / "spec" / "mlp.toml", text)
 
 
-def _build_as(user: Path, spec: Path, out: Path) -> subprocess.Popen[str]:
+def _build_as(user: Path, inductor: Path, spec: Path, out: Path, *, session_pieces: bool) -> subprocess.Popen[str]:
+    """A build by `user` (a HOME), with an Inductor cache of its own at `inductor`."""
     user.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in _PER_USER}
-    env.update(HOME=str(user), TORCHINDUCTOR_CACHE_DIR=str(user / "inductor"))
+    env.update(HOME=str(user), TORCHINDUCTOR_CACHE_DIR=str(inductor))
+    if session_pieces:
+        env["SHIMGEN_CACHE_DIR"] = str(cache_sharing_the_toolchain(user))
     return subprocess.Popen(
         [*COMMAND, "build", str(spec), "--out", str(out)],
         cwd=REPO,
@@ -89,7 +94,16 @@ def _differences(a: Path, b: Path) -> list[str]:
 def test_same_wheel_from_any_output_directory_and_user(workdir: Path, tmp_path: Path) -> None:
     spec = _spec_without_autotuning(workdir, tmp_path)
     outs = [tmp_path / "a", tmp_path / "elsewhere" / "deeper" / "b"]
-    _finish([_build_as(tmp_path / "users" / user, spec, out) for user, out in zip(("ann", "bob"), outs, strict=True)])
+    users = [tmp_path / "users" / "ann's ü home", tmp_path / "users" / "bob"]
+    # Inductor's caches at plain paths: Inductor runs its compiler through a command line it does not quote.
+    inductor = [tmp_path / "inductor" / name for name in ("ann", "bob")]
+    _finish(
+        [
+            _build_as(user, cache, spec, out, session_pieces=user.name == "bob")
+            for user, cache, out in zip(users, inductor, outs, strict=True)
+        ]
+    )
+    assert list((users[0] / ".cache" / "shimgen" / "prebuilt").glob("*/build")), "the first user made no pieces"
     wheels = [next((out / "dist").glob("*.whl")) for out in outs]
     assert wheels[0].name == wheels[1].name
 
