@@ -83,16 +83,19 @@ def _node(node: dict[str, Any], prefix: str) -> ExternNode:
     )
 
 
-def _arg(kind: str, **fields: object) -> Markup:
+def _initializer(struct: str, kind: str, **fields: object) -> Markup:
+    """A designated initializer of shimgen::ExternArg or shimgen::ExternResult."""
     return Markup(
-        "{" + ", ".join([f".kind = shimgen::ExternArg::{kind}", *(f".{k} = {v}" for k, v in fields.items())]) + "}"
+        "{" + ", ".join([f".kind = shimgen::{struct}::{kind}", *(f".{k} = {v}" for k, v in fields.items())]) + "}"
     )
+
+
+def _arg(kind: str, **fields: object) -> Markup:
+    return _initializer("ExternArg", kind, **fields)
 
 
 def _result(kind: str, **fields: object) -> Markup:
-    return Markup(
-        "{" + ", ".join([f".kind = shimgen::ExternResult::{kind}", *(f".{k} = {v}" for k, v in fields.items())]) + "}"
-    )
+    return _initializer("ExternResult", kind, **fields)
 
 
 class _Flat:
@@ -106,10 +109,14 @@ class _Flat:
         self.tensors = 0
         self.arrays: list[Markup] = []
 
-    def _take(self, counter: str, n: builtins.int) -> builtins.int:
-        first = getattr(self, counter)
-        setattr(self, counter, first + n)
-        return first
+    def _take_tensors(self, n: builtins.int) -> builtins.int:
+        """The index of the first of the next `n` tensors."""
+        self.tensors += n
+        return self.tensors - n
+
+    def _take_ints(self, n: builtins.int) -> builtins.int:
+        self.ints += n
+        return self.ints - n
 
     def _array(self, c_type: str, items: list[str]) -> str:
         name = f"{self.prefix}_{len(self.arrays)}"
@@ -122,17 +129,17 @@ class _Flat:
         if kind == "as_none":
             return _arg("kNone")
         if kind == "as_tensor":
-            return _arg("kTensor", index=self._take("tensors", 1))
+            return _arg("kTensor", index=self._take_tensors(1))
         if kind in ("as_int", "as_sym_int"):
-            return _arg("kInt", index=self._take("ints", 1))
+            return _arg("kInt", index=self._take_ints(1))
         if kind in ("as_ints", "as_sym_ints"):
-            return _arg("kInts", index=self._take("ints", len(value)), count=len(value))
+            return _arg("kInts", index=self._take_ints(len(value)), count=len(value))
         if kind == "as_tensors":
-            return _arg("kTensors", index=self._take("tensors", len(value)), count=len(value))
+            return _arg("kTensors", index=self._take_tensors(len(value)), count=len(value))
         if kind == "as_optional_tensors":
             present = [next(iter(item)) == "as_tensor" for item in value]
             flags = self._array("bool", ["true" if p else "false" for p in present]) if value else "nullptr"
-            return _arg("kOptionalTensors", index=self._take("tensors", sum(present)), count=len(value), flags=flags)
+            return _arg("kOptionalTensors", index=self._take_tensors(sum(present)), count=len(value), flags=flags)
         return self._serialized_literal(kind, value, name)
 
     def output(self, schema_type: Any, out: dict[str, Any]) -> Markup:
@@ -141,15 +148,15 @@ class _Flat:
         if kind == "as_none" or type_kind == "NoneType":
             return _result("kSkip")
         if kind == "as_tensor":
-            return _result("kTensor", index=self._take("tensors", 1))
+            return _result("kTensor", index=self._take_tensors(1))
         if kind == "as_optional_tensor":
             if next(iter(value)) == "as_none":
                 return _result("kSkip")
-            return _result("kTensor", index=self._take("tensors", 1))
+            return _result("kTensor", index=self._take_tensors(1))
         if kind == "as_tensors":
-            return _result("kTensors", index=self._take("tensors", len(value)), count=len(value))
+            return _result("kTensors", index=self._take_tensors(len(value)), count=len(value))
         if kind == "as_int" and type_kind == "IntType":
-            return _result("kIntCheck", index=self._take("ints", 1))
+            return _result("kIntCheck", index=self._take_ints(1))
         raise UserError(f"shimgen cannot call {self.target} yet: it returns {schema_type}")
 
     def _list(self, kind: str, field: str, c_type: str, items: list[str]) -> Markup:
