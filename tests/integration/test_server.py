@@ -23,11 +23,12 @@ pytestmark = pytest.mark.slow
 
 
 def served_build(
-    spec: Path, out: Path, env: dict[str, str], *extra: str, cwd: Path | None = None
+    spec: Path, out: Path, env: dict[str, str], *extra: str, cwd: Path | None = None, command: str = "build"
 ) -> tuple[int, dict | None, str]:
-    """(exit status, --json summary or None, stderr) of the real CLI, the server on."""
+    """(exit status, --json summary or report (None where it failed), stderr) of the real CLI's build or check, the
+    server on."""
     run = subprocess.run(
-        [*COMMAND, "build", str(spec), "--out", str(out), "--json", *extra],
+        [*COMMAND, command, str(spec), "--out", str(out), "--json", *extra],
         capture_output=True,
         text=True,
         env={**os.environ, **env, "SHIMGEN_SERVER": "on"},
@@ -83,14 +84,8 @@ def test_builds_run_in_the_server_and_see_edits(project: tuple[Path, dict[str, s
         assert second["build_server"] == server
         torch.testing.assert_close(call_in_subprocess(second, "forward", tmp_path, x), eager(spec, x))
         # `shimgen check` (a build, then the package against eager) runs in the server too.
-        check = subprocess.run(
-            [*COMMAND, "check", str(spec), "--out", str(tmp_path / "out"), "--json"],
-            capture_output=True,
-            text=True,
-            env={**os.environ, **env, "SHIMGEN_SERVER": "on"},
-        )
-        assert check.returncode == 0, check.stderr
-        report = json.loads(check.stdout)
+        code, report, err = served_build(spec, tmp_path / "out", env, command="check")
+        assert code == 0 and report is not None, err
         assert report["ok"] and report["comparisons"] and report["build_server"] == server
 
         spec.write_text(with_flags(spec.read_text(), no_such_flag="1"))
