@@ -298,11 +298,14 @@ def generate(
                 kernel_choice.recorded(target.device, locked, retune, flags.max_autotune or flags.tma) as recording,
                 refit.recorded(program_weights) as refitting,
             ):
+                _refuse_unquotable_cache_dir()
                 torch._inductor.aoti_compile_and_package(
                     program,
                     package_path=str(package),
                     inductor_configs=inductor_configs(target, flags, cxx, vectorize=not scalar_kernels),
                 )
+        except UserError:
+            raise
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
             refused = _cause(exc, user_triton.UserKernelError)
             if isinstance(refused, user_triton.UserKernelError):
@@ -429,6 +432,26 @@ def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | Non
     while seen is not None and not isinstance(seen, kind):
         seen = seen.__cause__ or seen.__context__
     return seen
+
+
+# What a shell splits, expands or globs: Inductor runs the compiler through a command line that it does not quote.
+_SHELL_CHARACTERS = frozenset(" \t\n'\"\\$`;&|<>()*?")
+
+
+def _refuse_unquotable_cache_dir() -> None:
+    """Inductor compiles the weights (and, on CPU, GEMM candidates) in its cache directory: where that path holds a
+    space or a shell character, every compile fails with a linker error naming a path cut in two."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    path = cache_dir()
+    found = sorted({c for c in path if c in _SHELL_CHARACTERS})
+    if found:
+        raise UserError(
+            f"Inductor's cache directory {path!r} holds {', '.join(map(repr, found))}: Inductor runs the compiler "
+            "through a command line it does not quote, so its compiles fail there. Set TORCHINDUCTOR_CACHE_DIR (or "
+            "TMPDIR, where Inductor's default cache is) to a directory whose path has no spaces, quotes or shell "
+            "characters"
+        )
 
 
 @contextmanager

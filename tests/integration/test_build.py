@@ -405,6 +405,19 @@ def test_every_graph_error_is_reported_in_spec_order(workdir: Path, tmp_path: Pa
     assert all("the model rejected the example inputs" in line for line in lines) and "Traceback" not in result.stderr
 
 
+def test_an_inductor_cache_path_a_shell_would_split_is_refused_by_name(workdir: Path, tmp_path: Path) -> None:
+    """Inductor compiles through a command line it does not quote: in a cache directory whose path holds a space, every
+    compile fails with a linker error. shimgen says so, and how to fix it, before Inductor starts."""
+    inductor = tmp_path / "inductor cache"
+    text = with_flags((workdir / "projects" / "mlp.toml").read_text(), **FAST_FLAGS)
+    spec = spec_of_its_own(workdir, tmp_path / "spec" / "mlp.toml", text)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(inductor), "SHIMGEN_CACHE_DIR": str(cache_sharing_the_toolchain(tmp_path))}
+    result = shimgen("build", spec, "--out", tmp_path / "out", env=env)
+    assert result.returncode == 2, result.stderr
+    assert f"Inductor's cache directory {str(inductor)!r} holds ' '" in result.stderr, result.stderr
+    assert "Set TORCHINDUCTOR_CACHE_DIR" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_a_first_build_that_fails_leaves_no_warm_up_running(tmp_path: Path) -> None:
     """On an empty per-user cache a build proves the compiler and builds the runtime library in a process of its own
     while it traces; a build that fails in its trace stops that process, and what it runs, before it exits."""
