@@ -240,7 +240,7 @@ class Prebuilt:
     runtime_libs: tuple[
         Path, ...
     ] = ()  # shimgen's runtime library for the device (toolchain/runtime_lib.py), in link order
-    extern_ops_lib: Path | None = None  # the runtime's proxy executor, for graphs that call ops through the dispatcher
+    extern_ops_lib: Path  # the runtime's proxy executor, for graphs that call ops through the dispatcher
 
     @property
     def files(self) -> tuple[Path, ...]:
