@@ -31,4 +31,9 @@ pip+=(-c "$constraints")
 "${pip[@]}" "ruff>=0.17,<0.18" "mypy>=1.20,<2"
 # meson-python looks meson up on PATH unless told; the venv's is not on PATH (nothing is activated).
 MESON="$PWD/$VENV/bin/meson" NINJA="$PWD/$VENV/bin/ninja" "${pip[@]}" --no-build-isolation --no-deps --force-reinstall .
+# Byte-compiled once, on every core: pip compiles nothing above (--no-compile: it would compile serially), and where
+# PYTHONDONTWRITEBYTECODE is set, as in many container images, Python never writes what it compiles at import, so every
+# interpreter would compile torch's sources again (here: `import torch` 4.0 s against 1.6 s, a build server's imports
+# 12 s against 3 s). Files that only a newer Python can compile (torch's tests of 3.12 syntax) are left as they are.
+"$VENV/bin/python" -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
 echo "setup: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $("$VENV/bin/shimgen" --help >/dev/null && echo 'shimgen installed')"
