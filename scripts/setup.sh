@@ -21,8 +21,10 @@ trap 'rm -f "$constraints"' EXIT
 echo "torch==${TORCH_VERSION}" > "$constraints"
 pip+=(-c "$constraints")
 # cmake: the C++ package's CMake consumer in the tests (examples/cpp).
+# pytest below 9.2: pytest-xdist's --dist loadgroup (scripts/test.sh) names each test's group in its node id, which
+# pytest 9.2 no longer reads; every test would then be scheduled alone and each file's fixtures built on both workers.
 # twine, auditwheel and pypiserver: the tests check the wheels as an index would, and install them from a real one.
-"${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja "cmake>=3.18" jinja2 packaging numpy pytest pytest-xdist hypothesis jsonschema pyyaml "transformers==5.23.0" \
+"${pip[@]}" "meson>=1.3" "meson-python>=0.16" ninja "cmake>=3.18" jinja2 packaging numpy "pytest>=8,<9.2" "pytest-xdist>=3.6,<4" hypothesis jsonschema pyyaml "transformers==5.23.0" \
   "twine>=6,<8" "auditwheel>=6.2,<7" "pypiserver>=2.3,<3"
 # The model zoo's vision models (timm needs torchvision, whose wheel matches torch's version; its ops library may not load
 # on a CPU build of torch, which timm's models do not need).

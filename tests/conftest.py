@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(group(item), len(rank)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", "no") == "loadgroup" and not _groups_reach_xdist():
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores the groups that pytest-xdist {importlib.metadata.version('pytest-xdist')}"
+            " puts in node ids, so --dist loadgroup would schedule every test alone (each file's builds made on both "
+            "workers): install the pytest that scripts/setup.sh pins"
+        )
+
+
+def _groups_reach_xdist() -> bool:
+    """Whether a test's node id shows the group that pytest-xdist's workers append to `item._nodeid` for --dist loadgroup
+    (its remote.py), which is all its scheduler reads; pytest 9.2 derives node ids from another attribute."""
+    probe = types.SimpleNamespace(_nodeid="test@group", _id="test")
+    try:
+        return bool(pytest.Item.nodeid.fget(probe) == "test@group")  # type: ignore[attr-defined]
+    except AttributeError:
+        return False
 
 
 # `shimgen build` runs in the user's build server, as a user's does; the servers a session starts stop soon after it.
