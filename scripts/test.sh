@@ -17,8 +17,9 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 .venv/bin/python -m mypy
 # Two workers on the machine's two cores; a group of tests (a file, or what tests/conftest.py groups) stays on one
-# worker, with its module's fixtures; the slowest groups start first.
-workers=(-n "${TEST_WORKERS:-2}" --dist loadgroup)
+# worker, with its module's fixtures; the groups start in the order tests/conftest.py gives them, slowest first
+# (pytest-xdist would otherwise start the groups of most tests first).
+workers=(-n "${TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder)
 (cd tests && ../.venv/bin/python -m pytest -q -ra --durations=30 "${workers[@]}" "$@")
 if [ "$second" != none ]; then
   wait "$second_setup" || { cat "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"; exit 1; }
