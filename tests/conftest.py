@@ -31,24 +31,28 @@ _import_torchvision_anywhere()
 
 
 # scripts/test.sh runs the suite on two workers with --dist loadgroup: each group of tests runs on one worker, with its
-# module's fixtures, and the groups start slowest first, so that no long group is left to start last. A test file is
-# a group unless its tests are marked with groups of their own (the zoo's checks).
+# module's fixtures, and the groups start slowest first (by their seconds in a measured `.ci/run`), so that no long group
+# is left to start last. A test file is a group unless its tests are marked with groups of their own (the zoo's checks).
 SLOWEST_FIRST = (
+    "test_build.py",
+    "test_rebuild.py",
+    "test_custom_ops.py",
     "zoo-hf",
     "zoo-vision",
-    "test_concurrency.py",
-    "test_build.py",
-    "test_reproducible.py",
-    "test_escaping.py",
-    "test_custom_ops.py",
-    "zoo-aoti",
-    "test_runtime.py",
-    "test_llm.py",
-    "test_rebuild.py",
-    "test_zoo.py",
-    "test_variants.py",
     "test_weights.py",
-    "test_ci_workflow.py",
+    "test_server.py",
+    "test_reproducible.py",
+    "test_variants.py",
+    "test_shared_cache.py",
+    "test_concurrency.py",
+    "test_llm.py",
+    "test_dependencies.py",
+    "test_outputs.py",
+    "test_scalar_kernels.py",
+    "test_state.py",
+    "test_cpp_package.py",
+    "test_codegen.py",
+    "zoo-aoti",
 )
 
 
