@@ -394,6 +394,8 @@ def _build(
                 built.cuda,
                 built.launcher,
                 lambda msg: report("ops", msg),
+                held,
+                tools.waiting("ops"),
             )
     job = Job(
         spec=spec,

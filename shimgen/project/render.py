@@ -158,10 +158,25 @@ def render_kernel_pch(tc: Toolchain, compile_args: list[str], kernel_opt: str, o
     write_if_changed(out / "pch" / "kernel_pch.h", (RUNTIME / "kernel_pch.h").read_bytes())
 
 
+def render_ops_pch(tc: Toolchain, header: str, out: Path) -> None:
+    """A Meson project that precompiles the torch `header` with the flags of the custom ops' project (render_ops)."""
+    context = {"tc": tc, "path_maps": path_maps(tc)}
+    write_if_changed(out / "meson.build", _env().get_template("prebuilt/ops_pch.meson.j2").render(context))
+    write_if_changed(out / "empty.cpp", "")
+    write_if_changed(out / "pch" / "ops_pch.h", f"#include <{header}>\n")
+
+
 def render_ops(
-    spec: ProjectSpec, spec_file: str, tc: Toolchain, cuda: CudaToolchain | None, sources: list[list[Path]], out: Path
+    spec: ProjectSpec,
+    spec_file: str,
+    tc: Toolchain,
+    cuda: CudaToolchain | None,
+    sources: list[list[Path]],
+    out: Path,
+    pch_dirs: tuple[Path, ...] = (),
 ) -> dict[int, str]:
-    """Write the Meson project of the custom ops' libraries into `out`; their target names by entry."""
+    """Write the Meson project of the custom ops' libraries into `out`; their target names by entry. `pch_dirs` hold
+    precompiled torch headers (prebuilt.ops_headers), searched first."""
     libraries: list[dict[str, Any]] = []
     for i, entry_sources in enumerate(sources):
         if entry_sources:
@@ -205,6 +220,7 @@ def render_ops(
         "nvcc_args": nvcc_args,
         "libraries": libraries,
         "path_maps": maps,
+        "pch_dirs": [str(d) for d in pch_dirs],
     }
     write_if_changed(out / "meson.build", _env().get_template("ops/meson.build.j2").render(context))
     return {lib["entry"]: lib["name"] for lib in libraries}

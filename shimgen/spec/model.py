@@ -186,8 +186,8 @@ class Flags:
     wrapper_opt: OptLevel = doc("Optimization level of the wrapper and binding translation units.", default="O1")
     kernel_opt: OptLevel = doc("Optimization level of the kernel translation units.", default="O3")
     pch: bool = doc(
-        "Force-include precompiled AOTI runtime and kernel headers, built once per toolchain and flag set "
-        "and cached per user.",
+        "Force-include precompiled AOTI runtime and kernel headers, and precompile the torch header that each custom "
+        "op's C++ source includes first (GCC); built once per toolchain and flag set and cached per user.",
         default=True,
     )
     split: int = doc(

@@ -13,22 +13,24 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 from shimgen.build import meson
 from shimgen.errors import SpecError, UserError
-from shimgen.files import file_hash, stage_key
+from shimgen.files import LockHeld, file_hash, stage_key
 from shimgen.inductor import compat, internals
 from shimgen.project import render
 from shimgen.results import CustomOps, DefinedOp
 from shimgen.spec import ProjectSpec
-from shimgen.toolchain import Toolchain
+from shimgen.toolchain import Toolchain, prebuilt
 from shimgen.toolchain.cuda import CudaToolchain
 from shimgen.trace.entry import describe, import_once
 
 _loaded: dict[Path, str] = {}  # library → hash when this process loaded it
 # The message torch gives for torch.ops.<ns>.<name> when no library registers it.
 _NO_OP = re.compile(r"'_OpNamespace' '(\w+)' object has no attribute '(\w+)'")
+_INCLUDE = re.compile(r'#\s*include\s*[<"]([^>"]+)[>"]')
 
 
 def prepare(
@@ -40,8 +42,12 @@ def prepare(
     cuda: CudaToolchain | None,
     launcher: str | None,
     report: Callable[[str], None],
+    held: ExitStack,
+    waiting: Callable[[LockHeld], None] | None = None,
 ) -> CustomOps:
-    """Build the entries' libraries under `root` (a failed compile leaves the last good ones), load them, import the modules."""
+    """Build the entries' libraries under `root` (a failed compile leaves the last good ones), load them, import the
+    modules. With flags.pch and GCC, the torch header each C++ source includes first is precompiled in the per-user
+    cache (held until `held` closes)."""
     sources = [
         [_source(spec_dir, s, f"custom_op[{i}].sources[{k}]") for k, s in enumerate(op.sources)]
         for i, op in enumerate(spec.custom_op)
@@ -49,7 +55,20 @@ def prepare(
     libraries: dict[int, Path] = {}
     if any(sources):
         project, build_dir = root / "project", root / "meson"
-        names = render.render_ops(spec, spec_file, tc, cuda, sources, project)
+        headers = sorted(
+            {
+                h
+                for entry_sources in sources
+                for s in entry_sources
+                if s.suffix != ".cu" and (h := first_torch_header(s, tc.torch_includes))
+            }
+        )
+        pch_dirs = (
+            prebuilt.ops_headers(tc, headers, held, waiting, launcher)
+            if spec.flags.pch and "clang" not in tc.cxx_identity.lower()
+            else ()
+        )
+        names = render.render_ops(spec, spec_file, tc, cuda, sources, project, pch_dirs)
         meson.build(project, build_dir, tc, "the custom ops", launcher, report)
         libraries = {i: meson.target_file(build_dir, name) for i, name in names.items()}
     compat.check(compat.TRACE)
@@ -92,6 +111,23 @@ def _source(spec_dir: Path, source: str, where: str) -> Path:
             "", where, f"'{source}' does not exist (paths are relative to the spec's directory, {spec_dir})"
         )
     return path
+
+
+def first_torch_header(source: Path, torch_includes: tuple[str, ...]) -> str | None:
+    """The header that `source` includes before any code, where it is one of torch's ("ATen/ATen.h"): the one header a
+    precompiled header can stand for."""
+    text = re.sub(r"/\*.*?\*/", " ", source.read_text(errors="replace"), flags=re.DOTALL)
+    for line in text.splitlines():
+        line = line.split("//")[0].strip()
+        if not line:
+            continue
+        if not line.startswith("#"):
+            return None
+        included = _INCLUDE.match(line)
+        if included:
+            header = included[1]
+            return header if any((Path(d) / header).is_file() for d in torch_includes) else None
+    return None
 
 
 def _schemas() -> set[str]:

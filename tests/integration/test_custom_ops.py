@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -95,6 +96,26 @@ def test_cpp_ops_are_compiled_into_the_package(built_cpp_ops: dict[str, Any], wo
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == [0.0, 2.0]
+
+
+def test_ops_compile_with_their_first_torch_header_precompiled(built_cpp_ops: dict[str, Any], workdir: Path) -> None:
+    """The per-user precompiled ATen/ATen.h is valid for the ops' compile as Meson runs it: GCC's -H marks a header it
+    took precompiled with "!" (and an invalid one with "x")."""
+    from shimgen import toolchain
+
+    if "clang" in toolchain.detect().cxx_identity.lower():
+        pytest.skip("the precompiled header is made for GCC alone")
+    build_dir = workdir / "build" / "custom_ops" / "ops" / "meson"
+    (entry,) = json.loads((build_dir / "compile_commands.json").read_text())
+    command = shlex.split(entry["command"])
+    command = [a for a in command if not a.endswith("ccache")]
+    drop = {k + 1 for k, a in enumerate(command) if a in ("-o", "-MQ", "-MF")}
+    command = [a for k, a in enumerate(command) if k not in drop and a not in ("-o", "-MQ", "-MF", "-MD")]
+    run = subprocess.run(
+        [*command, "-H", "-o", os.devnull], cwd=entry["directory"], capture_output=True, text=True, check=True
+    )
+    used = [line for line in run.stderr.splitlines() if line.endswith("ATen/ATen.h.gch")]
+    assert used and used[0].startswith("! ") and str(toolchain.cache_dir().parent) in used[0], run.stderr[:2000]
 
 
 def test_memory_stays_flat_over_10000_calls(built_cpp_ops: dict[str, Any]) -> None:

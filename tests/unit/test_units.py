@@ -1774,3 +1774,24 @@ def test_std_regex_is_instantiated_once_in_the_model_base_object(tmp_path: Path)
         [cxx, str(tmp_path / "user.o"), str(tmp_path / "instance.o"), "-o", str(tmp_path / "parse")], check=True
     )
     assert subprocess.run([str(tmp_path / "parse")], capture_output=True, text=True, check=True).stdout == "3 -1 -2\n"
+
+
+def test_the_header_a_custom_op_source_includes_first_is_found_where_it_is_torchs(tmp_path: Path) -> None:
+    from shimgen.trace.custom_ops import first_torch_header
+
+    torch_include = tmp_path / "include"
+    for header in ("ATen/ATen.h", "torch/extension.h"):
+        (torch_include / header).parent.mkdir(parents=True, exist_ok=True)
+        (torch_include / header).write_text("")
+    cases = {
+        "// ops\n/* a block\n   #include <vector> */\n#pragma once\n#include <ATen/ATen.h>\n#include <vector>\n": "ATen/ATen.h",
+        '#define X 1\n#  include "torch/extension.h"  // the usual one\n': "torch/extension.h",
+        "#include <vector>\n#include <ATen/ATen.h>\n": None,  # not torch's: nothing worth precompiling
+        "int before;\n#include <ATen/ATen.h>\n": None,  # code first: no header can be precompiled
+        "#include <torch/missing.h>\n": None,
+        "": None,
+    }
+    for k, (text, want) in enumerate(cases.items()):
+        source = tmp_path / f"ops{k}.cpp"
+        source.write_text(text)
+        assert first_torch_header(source, ("/nonexistent", str(torch_include))) == want, text

@@ -1,0 +1,87 @@
+"""A custom op's edit-rebuild loop: projects/custom_ops.toml built with shimgen's defaults (the torch header its C++
+source includes first, precompiled in the per-user cache) and with `pch = false`, then its op body edited and both
+rebuilt, in alternation, without the compiler cache.
+
+    python benchmarks/custom_op_edit.py [--rounds 3] [--work DIR]
+
+The first builds run on a per-user cache whose prebuilt pieces are new (its toolchain verdicts and runtime libraries
+are the user's), so the default's first `ops` stage includes making the precompiled header. Saves
+benchmarks/results/custom_op_edit.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from common import REPO, Report, shimgen_build
+
+from shimgen import toolchain
+
+WAYS = {"precompiled torch header (default)": "", "pch = false": "pch = false\n"}
+
+
+def work_copy(root: Path, flags: str) -> Path:
+    for directory in ("projects", "kernels"):
+        shutil.copytree(REPO / directory, root / directory, ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
+    spec = root / "projects" / "custom_ops.toml"
+    text = spec.read_text()
+    spec.write_text(
+        text.replace("[flags]\n", "[flags]\n" + flags) if "[flags]" in text else text + "\n[flags]\n" + flags
+    )
+    return spec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path)
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="shimgen-op-edit-"))
+    user = toolchain.cache_dir().parent
+    cache = work / "cache"
+    cache.mkdir(parents=True)
+    for part in ("toolchain", "runtime"):
+        (user / part).mkdir(parents=True, exist_ok=True)
+        (cache / part).symlink_to(user / part)
+    env = {**os.environ, "SHIMGEN_CACHE_DIR": str(cache / "toolchain")}
+    specs = {way: work_copy(work / f"way{k}", flags) for k, (way, flags) in enumerate(WAYS.items())}
+
+    report = Report()
+    report(f"# custom_op_edit.py, {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}\n")
+    report("`ops` stage and whole `shimgen build` in seconds, `--no-cache` (no compiler cache).\n")
+    first = {way: shimgen_build(spec, spec.parents[1] / "out", env, "--no-cache") for way, spec in specs.items()}
+    edits: dict[str, list[tuple[float, float]]] = {way: [] for way in specs}
+    for r in range(args.rounds):
+        for way, spec in specs.items():
+            source = spec.parents[1] / "kernels" / "shimgen_ops.cpp"
+            source.write_text(source.read_text() + f"\nstatic const int shimgen_benchmark_edit_{r} = {r};\n")
+            wall, summary = shimgen_build(spec, spec.parents[1] / "out", env, "--no-cache")
+            edits[way].append((summary["stages"]["ops"], wall))
+    report("| build | " + " | ".join(WAYS) + " | ratio |")
+    report("| --- | --- | --- | --- |")
+    default, plain = WAYS
+    ops = {way: statistics.median(s[0] for s in edits[way]) for way in WAYS}
+    walls = {way: statistics.median(s[1] for s in edits[way]) for way in WAYS}
+    report(
+        f"| first build, `ops` stage (the default makes the header) | {first[default][1]['stages']['ops']:.1f} | "
+        f"{first[plain][1]['stages']['ops']:.1f} | {first[default][1]['stages']['ops'] / first[plain][1]['stages']['ops']:.2f} |"
+    )
+    report(
+        f"| op body edited, `ops` stage (median of {args.rounds}) | {ops[default]:.1f} | {ops[plain]:.1f} | {ops[default] / ops[plain]:.2f} |"
+    )
+    report(
+        f"| op body edited, whole build (median of {args.rounds}) | {walls[default]:.1f} | {walls[plain]:.1f} | {walls[default] / walls[plain]:.2f} |"
+    )
+    report(f"\nrounds: {edits}")
+    report.save(REPO / "benchmarks" / "results" / "custom_op_edit.md")
+
+
+if __name__ == "__main__":
+    main()
