@@ -685,10 +685,16 @@ def split_wrapper(text: str, parts: int, least_bytes: int = 0) -> tuple[str, str
     return interface, includes + model, ["".join(kernels[k] for k in sorted(b)) for b in bins]
 
 
+# torch 2.11 calls the proxy executor (the ops the model runs through the dispatcher) without checking what the call
+# returns: an op that raised went unnoticed, and the model ran on with the op's outputs unset.
+_UNCHECKED_PROXY_CALL = re.compile(r"^(\s*)(aoti_torch_proxy_executor_call_function\(.*\));$", re.MULTILINE)
+
+
 def model_source(model: str) -> str:
     """A graph's model.cpp: Inductor's model code, with the model base class declared as compiled elsewhere (after
-    Inductor's includes, before its first use) and, at its end, where Inductor's model class is complete, the
-    description of its constants for the binding (load_weights)."""
+    Inductor's includes, before its first use), every proxy executor call checked and, at its end, where Inductor's
+    model class is complete, the description of its constants for the binding (load_weights)."""
+    model = _UNCHECKED_PROXY_CALL.sub(r"\1AOTI_TORCH_ERROR_CODE_CHECK(\2);", model)
     lines = model.splitlines(keepends=True)
     k = next((k for k, line in enumerate(lines) if line.strip() and not line.startswith("#include")), len(lines))
     return (

@@ -187,6 +187,22 @@ def test_split_wrapper_gives_each_file_at_least_its_share_of_source(share: float
     assert sorted(kernels_by_name(split)) == sorted(KERNELS)
 
 
+def test_model_source_checks_every_proxy_executor_call() -> None:
+    """torch 2.11 leaves the proxy executor's error code unchecked: an op's failure must stop the model's run."""
+    model = (
+        "void run_impl(AOTIProxyExecutorHandle proxy_executor) {\n"
+        "    aoti_torch_proxy_executor_call_function(proxy_executor, 0, 0, std::array<int64_t, 0>{}.data(), 2, t);\n"
+        "    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_proxy_executor_call_function(proxy_executor, 1, 0, i, 1, t));\n"
+        "}\n"
+    )
+    calls = [line.strip() for line in model_source(model).splitlines() if "proxy_executor_call" in line]
+    assert calls == [
+        "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_proxy_executor_call_function(proxy_executor, 0, 0, "
+        "std::array<int64_t, 0>{}.data(), 2, t));",
+        "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_proxy_executor_call_function(proxy_executor, 1, 0, i, 1, t));",
+    ]
+
+
 def test_model_source_declares_the_prebuilt_model_base_before_its_first_use() -> None:
     _, model, _ = split_wrapper(wrapper(KERNELS), 4)
     source = model_source(model)
