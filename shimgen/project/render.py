@@ -205,7 +205,7 @@ def render_ops(
             "-D__CUDA_NO_HALF_CONVERSIONS__",
             "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
             "-D__CUDA_NO_HALF2_OPERATORS__",
-            *[a for d in tc.torch_includes for a in ("-isystem", d)],
+            *[a for d in tc.extension_includes for a in ("-isystem", d)],
             *[a for m in maps if "," not in m for a in ("-Xcompiler", m)],
         ]  # nvcc splits -Xcompiler at commas
         for arch in archs:
@@ -546,7 +546,7 @@ def _cpp_context(
         "torch_patch": int("".join(c for c in patch if c.isdigit()) or 0),
         "torch_dir": torch_dir,
         "torch_lib": tc.torch_lib,
-        "torch_includes": [tc.torch_includes[0], f"{tc.torch_includes[0]}/torch/csrc/api/include"],
+        "torch_includes": list(tc.extension_includes[:2]),
         "torch_libraries": [f"{tc.torch_lib}/lib{lib}.so" for lib in torch_libraries],
         "cmake_version": ".".join(str(n) for n in Version(spec.project.version).release[:4]),
     }

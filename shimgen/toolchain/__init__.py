@@ -42,6 +42,12 @@ class Toolchain:
     has_last_error: bool
 
     @property
+    def extension_includes(self) -> tuple[str, ...]:
+        """The include directories torch.utils.cpp_extension gives a C++ extension: torch's, its C++ API's (where
+        torch/extension.h finds torch/all.h) and Python's."""
+        return (self.torch_includes[0], f"{self.torch_includes[0]}/torch/csrc/api/include", *self.torch_includes[1:])
+
+    @property
     def key(self) -> str:
         """Hash of everything that makes compiled output differ between toolchains."""
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]

@@ -60,7 +60,7 @@ def prepare(
                 h
                 for entry_sources in sources
                 for s in entry_sources
-                if s.suffix != ".cu" and (h := first_torch_header(s, tc.torch_includes))
+                if s.suffix != ".cu" and (h := first_torch_header(s, tc.extension_includes))
             }
         )
         pch_dirs = (

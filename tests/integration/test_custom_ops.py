@@ -99,12 +99,13 @@ def test_cpp_ops_are_compiled_into_the_package(built_cpp_ops: dict[str, Any], wo
 
 
 def test_ops_compile_with_their_first_torch_header_precompiled(built_cpp_ops: dict[str, Any], workdir: Path) -> None:
-    """The per-user precompiled ATen/ATen.h is valid for the ops' compile as Meson runs it: GCC's -H marks a header it
-    took precompiled with "!" (and an invalid one with "x")."""
+    """A build makes the per-user precompiled ATen/ATen.h beside its own compile of the ops, and the next compiles take
+    it: GCC's -H marks a header it took precompiled with "!" (and an invalid one with "x")."""
     from shimgen import toolchain
 
     if "clang" in toolchain.detect().cxx_identity.lower():
         pytest.skip("the precompiled header is made for GCC alone")
+    build_json(workdir / "projects" / "custom_ops.toml", workdir)
     build_dir = workdir / "build" / "custom_ops" / "ops" / "meson"
     (entry,) = json.loads((build_dir / "compile_commands.json").read_text())
     command = shlex.split(entry["command"])
@@ -302,8 +303,8 @@ BAD_OPS = """import torch
 def nofake(x: torch.Tensor) -> torch.Tensor:
     return x.sin()
 """
-NO_META_CPP = """#include <ATen/ATen.h>
-#include <torch/library.h>
+# torch/extension.h, as torch.utils.cpp_extension's tutorials start: it needs the C++ API's include directory.
+NO_META_CPP = """#include <torch/extension.h>
 
 at::Tensor twice(const at::Tensor& x) { return x * 2; }
 TORCH_LIBRARY(nometa_ops, m) { m.def("twice(Tensor x) -> Tensor"); }
