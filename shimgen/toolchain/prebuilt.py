@@ -141,27 +141,33 @@ def ops_headers(
             return False
 
         held.push(finish)
-    found = []
-    for header in made:
-        try:
-            entries.ensure(_ops_header_entry(tc, header), _make_ops_header(tc, header, launcher), held, waiting)
-        except BuildError:
-            continue
-        found.append(_ops_header_entry(tc, header) / "include")
-    return tuple(found)
+    return tuple(d for h in made if (d := _ensure_ops_header(tc, h, launcher, held, waiting)) is not None)
 
 
 def make_ops_headers(argv: list[str]) -> int:
-    """The precompiled headers `ops_headers` makes aside (argv: the JSON of the headers and the compiler cache). A
-    header that does not compile on its own is left out: the ops' compile reports what is wrong, in the user's source."""
+    """The precompiled headers `ops_headers` makes aside (argv: the JSON of the headers and the compiler cache)."""
     headers, launcher = json.loads(argv[0])
     tc, _ = probe.select()
     for header in headers:
-        try:
-            entries.ensure(_ops_header_entry(tc, header), _make_ops_header(tc, header, launcher), None, None)
-        except BuildError:
-            continue
+        _ensure_ops_header(tc, header, launcher, None, None)
     return 0
+
+
+def _ensure_ops_header(
+    tc: Toolchain,
+    header: str,
+    launcher: str | None,
+    held: ExitStack | None,
+    waiting: Callable[[LockHeld], None] | None,
+) -> Path | None:
+    """The include directory of `header`'s entry, made where missing; None where the header does not compile on its
+    own (the ops' compile then reports what is wrong, in the user's source)."""
+    root = _ops_header_entry(tc, header)
+    try:
+        entries.ensure(root, _make_ops_header(tc, header, launcher), held, waiting)
+    except BuildError:
+        return None
+    return root / "include"
 
 
 def _ops_header_entry(tc: Toolchain, header: str) -> Path:
