@@ -187,7 +187,8 @@ class Flags:
     kernel_opt: OptLevel = doc("Optimization level of the kernel translation units.", default="O3")
     pch: bool = doc(
         "Force-include precompiled AOTI runtime and kernel headers, and precompile the torch header that each custom "
-        "op's C++ source includes first (GCC); built once per toolchain and flag set and cached per user.",
+        "op's C++ source includes first once the sources are edited (GCC); built once per toolchain and flag set and "
+        "cached per user.",
         default=True,
     )
     split: int = doc(

@@ -3,8 +3,8 @@ Meson into the per-user cache: the precompiled headers (Meson's PCH support) and
 runtime interface, whose source Inductor emits identically for every graph of a target; and, beside them, shimgen's
 runtime library for the target's device (runtime_lib.py). The kernels' precompiled header is an entry of its own,
 keyed by kernel_opt and not by the wrapper's flags: the wrapper's pieces (about three quarters of the compiling) are not made again for a
-project that differs only in kernel_opt. Custom ops' sources get a precompiled header of the torch header each includes
-first (`ops_headers`), used by GCC without being named in the sources."""
+project that differs only in kernel_opt. Custom ops' sources that are being edited get a precompiled header of the torch
+header each includes first (`ops_headers`), used by GCC without being named in the sources."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from pathlib import Path
 from shimgen.build.meson import build
 from shimgen.build.process import start_python
 from shimgen.errors import BuildError
-from shimgen.files import LockHeld, shimgen_fingerprint
+from shimgen.files import LockHeld, exclusive_if_free, shimgen_fingerprint
 from shimgen.inductor import codegen
 from shimgen.project import render
 from shimgen.results import Prebuilt, Unit, target_compile_args, wrapper_compile_args
 from shimgen.spec import Flags, Target
 from shimgen.toolchain import Toolchain, entries, probe, runtime_lib
-from shimgen.toolchain.warmup import NICENESS, Warmup
+from shimgen.toolchain.warmup import NICENESS
 
 
 def ensure(
@@ -121,36 +121,41 @@ def ops_headers(
     held: ExitStack,
     waiting: Callable[[LockHeld], None] | None = None,
     launcher: str | None = None,
+    make_missing: bool = False,
 ) -> tuple[Path, ...]:
     """Include directories holding `<header>.gch` for those of `headers` (torch headers, such as "ATen/ATen.h")
-    already precompiled with the custom ops' flags, held until `held` closes; the others are made aside, at lower
-    priority, and the build waits for them at its end, so that its next compile of the ops takes them. Searched before
-    torch's headers, GCC takes the precompiled one for a source that includes the header first and where the flags
-    and macros match (an op's source that compiled in 13.8 s here compiles in 5.6 s), and reads the header itself
-    otherwise."""
+    already precompiled with the custom ops' flags, held until `held` closes. Searched before torch's headers, GCC
+    takes the precompiled one for a source that includes the header first and where the flags and macros match (an
+    op's source that compiled in 13.8 s here compiles in 5.6 s), and reads the header itself otherwise.
+
+    With `make_missing` (the ops are being edited), the missing ones are made by a process of their own at lower
+    priority, which outlives the build: a header costs about 50 s to make and up to 800 MB, which pays back only over
+    several compiles of the ops, so a build neither waits for it nor makes it before an edit."""
+    if make_missing:
+        missing = [h for h in headers if _ops_header_wanted(tc, h)]
+        if missing:
+            start_python("shimgen.toolchain.prebuilt:make_ops_headers", [json.dumps([missing, launcher])], NICENESS)
     made = [h for h in headers if (_ops_header_entry(tc, h) / "done").is_file()]
-    missing = [h for h in headers if h not in made]
-    if missing:
-        maker = start_python("shimgen.toolchain.prebuilt:make_ops_headers", [json.dumps([missing, launcher])], NICENESS)
-
-        def finish(exc_type: type[BaseException] | None, *_: object) -> bool:
-            if exc_type is None:
-                maker.wait()
-            else:
-                Warmup(maker).stop()
-            return False
-
-        held.push(finish)
     return tuple(d for h in made if (d := _ensure_ops_header(tc, h, launcher, held, waiting)) is not None)
 
 
 def make_ops_headers(argv: list[str]) -> int:
-    """The precompiled headers `ops_headers` makes aside (argv: the JSON of the headers and the compiler cache)."""
+    """The precompiled headers `ops_headers` makes aside (argv: the JSON of the headers and the compiler cache). One
+    that does not compile on its own is marked, and not tried again by this shimgen."""
     headers, launcher = json.loads(argv[0])
     tc, _ = probe.select()
     for header in headers:
-        _ensure_ops_header(tc, header, launcher, None, None)
+        if _ensure_ops_header(tc, header, launcher, None, None) is None:
+            _ops_header_beside(tc, header, ".failed").write_text("")
     return 0
+
+
+def _ops_header_wanted(tc: Toolchain, header: str) -> bool:
+    """Whether `header` is neither made, nor being made, nor known not to compile on its own."""
+    if (_ops_header_entry(tc, header) / "done").is_file() or _ops_header_beside(tc, header, ".failed").is_file():
+        return False
+    with exclusive_if_free(_ops_header_beside(tc, header, ".lock")) as free:
+        return free
 
 
 def _ensure_ops_header(
@@ -173,6 +178,11 @@ def _ensure_ops_header(
 def _ops_header_entry(tc: Toolchain, header: str) -> Path:
     key = hashlib.sha256(json.dumps([tc.key, "ops", header, shimgen_fingerprint()]).encode()).hexdigest()[:16]
     return entries.location("prebuilt", key)
+
+
+def _ops_header_beside(tc: Toolchain, header: str, suffix: str) -> Path:
+    root = _ops_header_entry(tc, header)
+    return root.with_name(root.name + suffix)
 
 
 def _make_ops_header(tc: Toolchain, header: str, launcher: str | None) -> Callable[[Path], None]:

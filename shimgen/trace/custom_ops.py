@@ -47,7 +47,7 @@ def prepare(
 ) -> CustomOps:
     """Build the entries' libraries under `root` (a failed compile leaves the last good ones), load them, import the
     modules. With flags.pch and GCC, the torch header each C++ source includes first is precompiled in the per-user
-    cache (held until `held` closes)."""
+    cache once the sources are edited, and used (held until `held` closes) once made."""
     sources = [
         [_source(spec_dir, s, f"custom_op[{i}].sources[{k}]") for k, s in enumerate(op.sources)]
         for i, op in enumerate(spec.custom_op)
@@ -63,13 +63,17 @@ def prepare(
                 if s.suffix != ".cu" and (h := first_torch_header(s, tc.extension_includes))
             }
         )
+        # The sources this output's ops last compiled from: a build of others is an edit, which the headers pay for.
+        compiled_from, digest = root / "sources.sha256", stage_key([[str(s), file_hash(s)] for e in sources for s in e])
+        edit = compiled_from.is_file() and compiled_from.read_text() != digest
         pch_dirs = (
-            prebuilt.ops_headers(tc, headers, held, waiting, launcher)
+            prebuilt.ops_headers(tc, headers, held, waiting, launcher, make_missing=edit)
             if spec.flags.pch and "clang" not in tc.cxx_identity.lower()
             else ()
         )
         names = render.render_ops(spec, spec_file, tc, cuda, sources, project, pch_dirs)
         meson.build(project, build_dir, tc, "the custom ops", launcher, report)
+        compiled_from.write_text(digest)
         libraries = {i: meson.target_file(build_dir, name) for i, name in names.items()}
     compat.check(compat.TRACE)
     defined: list[DefinedOp] = []
