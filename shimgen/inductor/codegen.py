@@ -16,6 +16,7 @@ comments, are saved beside them for the package.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -685,16 +686,33 @@ def split_wrapper(text: str, parts: int, least_bytes: int = 0) -> tuple[str, str
     return interface, includes + model, ["".join(kernels[k] for k in sorted(b)) for b in bins]
 
 
-# torch 2.11 calls the proxy executor (the ops the model runs through the dispatcher) without checking what the call
-# returns: an op that raised went unnoticed, and the model ran on with the op's outputs unset.
-_UNCHECKED_PROXY_CALL = re.compile(r"^(\s*)(aoti_torch_proxy_executor_call_function\(.*\));$", re.MULTILINE)
+# Inductor emits some C shim calls as bare statements, their error code dropped: torch 2.11 calls the proxy executor
+# (the ops the model runs through the dispatcher) that way, so an op that raised went unnoticed and the model ran on
+# with the op's outputs unset; torch 2.13 still clones a constant returned as an output that way.
+_STATEMENT_CALL = re.compile(r"^(\s*)((\w+)\(.*\));$", re.MULTILINE)
+
+
+@functools.cache
+def _shim_functions_returning_errors() -> frozenset[str]:
+    """The C shim functions that return an AOTITorchError, as the running torch's headers declare them (some return
+    void or a value, and must not be checked)."""
+    import torch
+
+    csrc = Path(torch.__file__).parent / "include" / "torch" / "csrc"
+    headers = [h for folder in ("inductor/aoti_torch", "stable") for h in (csrc / folder).rglob("*.h")]
+    return frozenset(
+        name for h in headers for name in re.findall(r"AOTITorchError\s+(\w+)\s*\(", h.read_text(errors="replace"))
+    )
 
 
 def model_source(model: str) -> str:
     """A graph's model.cpp: Inductor's model code, with the model base class declared as compiled elsewhere (after
-    Inductor's includes, before its first use), every proxy executor call checked and, at its end, where Inductor's
+    Inductor's includes, before its first use), every C shim call's error checked and, at its end, where Inductor's
     model class is complete, the description of its constants for the binding (load_weights)."""
-    model = _UNCHECKED_PROXY_CALL.sub(r"\1AOTI_TORCH_ERROR_CODE_CHECK(\2);", model)
+    checked = _shim_functions_returning_errors()
+    model = _STATEMENT_CALL.sub(
+        lambda m: f"{m[1]}AOTI_TORCH_ERROR_CODE_CHECK({m[2]});" if m[3] in checked else m[0], model
+    )
     lines = model.splitlines(keepends=True)
     k = next((k for k, line in enumerate(lines) if line.strip() and not line.startswith("#include")), len(lines))
     return (

@@ -187,19 +187,26 @@ def test_split_wrapper_gives_each_file_at_least_its_share_of_source(share: float
     assert sorted(kernels_by_name(split)) == sorted(KERNELS)
 
 
-def test_model_source_checks_every_proxy_executor_call() -> None:
-    """torch 2.11 leaves the proxy executor's error code unchecked: an op's failure must stop the model's run."""
+def test_model_source_checks_every_shim_call_that_returns_an_error() -> None:
+    """torch 2.11 leaves the proxy executor's error code unchecked: an op's failure must stop the model's run. Shim
+    functions that return void or a value stay as they are."""
     model = (
         "void run_impl(AOTIProxyExecutorHandle proxy_executor) {\n"
         "    aoti_torch_proxy_executor_call_function(proxy_executor, 0, 0, std::array<int64_t, 0>{}.data(), 2, t);\n"
         "    AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_proxy_executor_call_function(proxy_executor, 1, 0, i, 1, t));\n"
+        "    aoti_torch_clone(constant0, &output_handles[0]);\n"
+        "    aoti_torch_grad_mode_set_enabled(false);\n"
+        "    kernel_0(buf0, buf1);\n"
         "}\n"
     )
-    calls = [line.strip() for line in model_source(model).splitlines() if "proxy_executor_call" in line]
+    calls = [line.strip() for line in model_source(model).splitlines() if line.startswith("    ")]
     assert calls == [
         "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_proxy_executor_call_function(proxy_executor, 0, 0, "
         "std::array<int64_t, 0>{}.data(), 2, t));",
         "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_proxy_executor_call_function(proxy_executor, 1, 0, i, 1, t));",
+        "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_clone(constant0, &output_handles[0]));",
+        "aoti_torch_grad_mode_set_enabled(false);",
+        "kernel_0(buf0, buf1);",
     ]
 
 
