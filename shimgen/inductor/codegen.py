@@ -710,9 +710,12 @@ def model_source(model: str) -> str:
     Inductor's includes, before its first use), every C shim call's error checked and, at its end, where Inductor's
     model class is complete, the description of its constants for the binding (load_weights)."""
     checked = _shim_functions_returning_errors()
-    model = _STATEMENT_CALL.sub(
-        lambda m: f"{m[1]}AOTI_TORCH_ERROR_CODE_CHECK({m[2]});" if m[3] in checked else m[0], model
-    )
+
+    def check(call: re.Match[str]) -> str:
+        whole = call[2].count("(") == call[2].count(")")  # not the end of a check opened on the line before
+        return f"{call[1]}AOTI_TORCH_ERROR_CODE_CHECK({call[2]});" if call[3] in checked and whole else call[0]
+
+    model = _STATEMENT_CALL.sub(check, model)
     lines = model.splitlines(keepends=True)
     k = next((k for k, line in enumerate(lines) if line.strip() and not line.startswith("#include")), len(lines))
     return (

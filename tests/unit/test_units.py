@@ -197,6 +197,8 @@ def test_model_source_checks_every_shim_call_that_returns_an_error() -> None:
         "    aoti_torch_clone(constant0, &output_handles[0]);\n"
         "    aoti_torch_grad_mode_set_enabled(false);\n"
         "    kernel_0(buf0, buf1);\n"
+        "    AOTI_TORCH_ERROR_CODE_CHECK(\n"
+        "    aoti_torch_delete_tensor_object(buf2));\n"
         "}\n"
     )
     calls = [line.strip() for line in model_source(model).splitlines() if line.startswith("    ")]
@@ -207,6 +209,8 @@ def test_model_source_checks_every_shim_call_that_returns_an_error() -> None:
         "AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_clone(constant0, &output_handles[0]));",
         "aoti_torch_grad_mode_set_enabled(false);",
         "kernel_0(buf0, buf1);",
+        "AOTI_TORCH_ERROR_CODE_CHECK(",
+        "aoti_torch_delete_tensor_object(buf2));",
     ]
 
 
