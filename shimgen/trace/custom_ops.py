@@ -63,7 +63,7 @@ def prepare(
                 if s.suffix != ".cu" and (h := first_torch_header(s, tc.extension_includes))
             }
         )
-        # The sources this output's ops last compiled from: a build of others is an edit, which the headers pay for.
+        # The sources this output's ops last compiled from: a build from others is an edit, the case the headers pay for.
         compiled_from, digest = root / "sources.sha256", stage_key([[str(s), file_hash(s)] for e in sources for s in e])
         edit = compiled_from.is_file() and compiled_from.read_text() != digest
         pch_dirs = (
