@@ -96,6 +96,12 @@ CASES = [
     timm("inception_v3", 299),
     timm("densenet121"),
     timm("repvgg_a0"),
+    timm("levit_128s"),
+    timm("convnextv2_atto"),
+    timm("mobilenetv4_conv_small"),
+    timm("efficientvit_b0"),
+    timm("swin_tiny_patch4_window7_224"),
+    timm("nfnet_l0"),
     # a bias of 2 (heads) that Inductor's oneDNN fusion compares with the example batch 2
     timm("cait_xxs24_224", 64, img_size="64", embed_dim="32", depth="2", num_heads="2"),
     timm("beit_base_patch16_224", 64, img_size="64", embed_dim="32", depth="2", num_heads="2"),
@@ -127,6 +133,22 @@ CASES = [
     # grouped GEMMs need rows of a multiple of 16 bytes: intermediate_size 48
     hf("mixtral", SMALL_DECODER.replace("37", "48") + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
     hf("bloom", "hidden_size = 32, n_layer = 2, n_head = 4, vocab_size = 99", "CausalLM"),
+    hf("llama", SMALL_DECODER, "CausalLM"),
+    hf("gpt2", "n_embd = 32, n_layer = 2, n_head = 4, vocab_size = 99, n_positions = 64", "CausalLM"),
+    hf("qwen3", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
+    hf("gemma2", SMALL_DECODER + ", head_dim = 8, sliding_window = 16", "CausalLM"),
+    hf("gemma3_text", SMALL_DECODER + ", head_dim = 8, sliding_window = 16", "CausalLM"),
+    hf(
+        "qwen3_moe",
+        SMALL_DECODER + ", head_dim = 8, num_experts = 4, num_experts_per_tok = 2, moe_intermediate_size = 48",
+        "CausalLM",
+    ),
+    hf(
+        "gpt_oss",
+        SMALL_DECODER.replace("37", "48")
+        + ", head_dim = 8, num_local_experts = 4, num_experts_per_tok = 2, sliding_window = 16",
+        "CausalLM",
+    ),
     hf(
         "opt",
         "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, ffn_dim = 37, vocab_size = 99,"
@@ -149,6 +171,8 @@ CASES = [
         dims="{ batch = { min = 1, max = 4 }, n = { min = 400, max = 4000, multiple_of = 20 } }",
     ),
     hf("dinov2", SMALL_VISION, inputs=PIXELS, dims=BATCH),
+    hf("vit", SMALL_VISION, inputs=PIXELS, dims=BATCH),
+    hf("siglip_vision_model", SMALL_VISION, inputs=PIXELS, dims=BATCH),
     hf("clip_vision_model", SMALL_VISION, inputs=PIXELS, dims=BATCH),
     hf("beit", SMALL_VISION, inputs=PIXELS, dims=BATCH),
     hf("convnext", "hidden_sizes = [8, 16, 32, 64], depths = [1, 1, 1, 1], image_size = 32", inputs=PIXELS, dims=BATCH),
