@@ -55,10 +55,10 @@ def ensure(
     """The entry at `root`, made by `make(staging)` where it is missing, then held until `held` closes (None: not held,
     for a warm-up that only makes it). Making one removes the least recently used entries beyond the limit."""
     made = False
-    with exclusive(_beside(root, ".lock"), waiting):
+    with exclusive(beside(root, ".lock"), waiting):
         if not (root / "done").is_file():
             shutil.rmtree(root, ignore_errors=True)  # what an interrupted build left
-            staging = _beside(root, _STAGING)
+            staging = beside(root, _STAGING)
             shutil.rmtree(staging, ignore_errors=True)
             make(staging)
             (staging / "done").write_text("")
@@ -85,7 +85,7 @@ def listed() -> list[Entry]:
         folder = _folder(kind)
         for root in folder.iterdir() if folder.is_dir() else ():
             if root.is_dir() and "." not in root.name:
-                use = _beside(root, ".use")
+                use = beside(root, ".use")
                 last_used = (use if use.exists() else root).stat().st_mtime
                 entries.append(Entry(root, _size(root), last_used))
     return sorted(entries, key=lambda e: e.last_used)
@@ -109,7 +109,7 @@ def prune(size_limit: int | None) -> list[Entry]:
 
 @contextmanager
 def _in_use(root: Path) -> Iterator[None]:
-    use = _beside(root, ".use")
+    use = beside(root, ".use")
     with open(use, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_SH)
         os.utime(use)
@@ -119,11 +119,11 @@ def _in_use(root: Path) -> Iterator[None]:
 def _remove_unheld(root: Path) -> bool:
     """Remove `root` unless a build is making or using it."""
     with ExitStack() as stack:
-        if not all(stack.enter_context(exclusive_if_free(_beside(root, suffix))) for suffix in (".lock", ".use")):
+        if not all(stack.enter_context(exclusive_if_free(beside(root, suffix))) for suffix in (".lock", ".use")):
             return False
         # Renamed first: an entry half removed must not look like one to use. The lock files stay (empty): one
         # unlinked while another process waits on it would let two hold "the" lock at once.
-        doomed = _beside(root, _REMOVING)
+        doomed = beside(root, _REMOVING)
         if root.exists():
             root.replace(doomed)
         shutil.rmtree(doomed, ignore_errors=True)
@@ -136,13 +136,20 @@ def _remove_abandoned() -> None:
         folder = _folder(kind)
         for suffix in (_STAGING, _REMOVING):
             for path in folder.glob(f"*{suffix}") if folder.is_dir() else ():
-                with exclusive_if_free(_beside(path.with_name(path.name.removesuffix(suffix)), ".lock")) as free:
+                with exclusive_if_free(beside(path.with_name(path.name.removesuffix(suffix)), ".lock")) as free:
                     if free:  # else it is being made now
                         shutil.rmtree(path, ignore_errors=True)
 
 
-def _beside(root: Path, suffix: str) -> Path:
+def beside(root: Path, suffix: str) -> Path:
+    """A file beside the entry at `root`: its lock (".lock"), its users' lock (".use"), or a caller's marker."""
     return root.with_name(root.name + suffix)
+
+
+def being_made(root: Path) -> bool:
+    """Whether another process is making the entry at `root` now (it holds the making lock)."""
+    with exclusive_if_free(beside(root, ".lock")) as free:
+        return not free
 
 
 def _size(root: Path) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from shimgen.build.meson import build
 from shimgen.build.process import start_python
 from shimgen.errors import BuildError
-from shimgen.files import LockHeld, exclusive_if_free, shimgen_fingerprint
+from shimgen.files import LockHeld, shimgen_fingerprint
 from shimgen.inductor import codegen
 from shimgen.project import render
 from shimgen.results import Prebuilt, Unit, target_compile_args, wrapper_compile_args
@@ -146,16 +146,14 @@ def make_ops_headers(argv: list[str]) -> int:
     tc, _ = probe.select()
     for header in headers:
         if _ensure_ops_header(tc, header, launcher, None, None) is None:
-            _ops_header_beside(tc, header, ".failed").write_text("")
+            entries.beside(_ops_header_entry(tc, header), ".failed").write_text("")
     return 0
 
 
 def _ops_header_wanted(tc: Toolchain, header: str) -> bool:
     """Whether `header` is neither made, nor being made, nor known not to compile on its own."""
-    if (_ops_header_entry(tc, header) / "done").is_file() or _ops_header_beside(tc, header, ".failed").is_file():
-        return False
-    with exclusive_if_free(_ops_header_beside(tc, header, ".lock")) as free:
-        return free
+    root = _ops_header_entry(tc, header)
+    return not ((root / "done").is_file() or entries.beside(root, ".failed").is_file() or entries.being_made(root))
 
 
 def _ensure_ops_header(
@@ -178,11 +176,6 @@ def _ensure_ops_header(
 def _ops_header_entry(tc: Toolchain, header: str) -> Path:
     key = hashlib.sha256(json.dumps([tc.key, "ops", header, shimgen_fingerprint()]).encode()).hexdigest()[:16]
     return entries.location("prebuilt", key)
-
-
-def _ops_header_beside(tc: Toolchain, header: str, suffix: str) -> Path:
-    root = _ops_header_entry(tc, header)
-    return root.with_name(root.name + suffix)
 
 
 def _make_ops_header(tc: Toolchain, header: str, launcher: str | None) -> Callable[[Path], None]:
