@@ -17,6 +17,7 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from common import REPO, Report, shimgen_build
 
 from shimgen import toolchain
 
+HEADER_WAIT_S = 900  # the header compiles in about a minute of one core
 WAYS = {"precompiled torch header (default)": "", "pch = false": "pch = false\n"}
 
 
@@ -72,10 +74,13 @@ def main() -> None:
         first_edit[way] = edit(spec, 0)
         if way == default:
             started = time.monotonic()
+    prebuilt = cache / "prebuilt"
     while not any(
         "." not in gch.parents[2].name and (gch.parents[2] / "done").is_file()
-        for gch in (cache / "prebuilt").glob("*/include/ATen/ATen.h.gch")
+        for gch in prebuilt.glob("*/include/ATen/ATen.h.gch")
     ):
+        if list(prebuilt.glob("*.failed")) or time.monotonic() - started > HEADER_WAIT_S:
+            sys.exit(f"the precompiled ATen/ATen.h was not made (in {prebuilt}): the benchmark cannot go on")
         time.sleep(1)
     made_in = time.monotonic() - started
     edits: dict[str, list[tuple[float, float]]] = {way: [] for way in specs}

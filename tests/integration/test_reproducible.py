@@ -1,14 +1,17 @@
 """Reproducible builds: one spec built twice at once, into different output directories by different users (their own
-HOME, so their own compiler and Inductor caches), gives byte-identical wheels with sorted members, SOURCE_DATE_EPOCH's
+HOME, so their own shimgen and Inductor caches), gives byte-identical wheels with sorted members, SOURCE_DATE_EPOCH's
 timestamps, and no path of the build machine inside. One user starts from an empty per-user cache, in a HOME whose path
 holds a quote, a space and non-ASCII text (its prebuilt pieces and runtime library are built there); the other links
-the session's, built by another HOME at other paths. Kernel choices by timing are the lockfile's concern, so the
-spec's GEMMs are not autotuned here."""
+the session's, built by another HOME at other paths. Both use the session's compiler cache, as users of one machine
+can: it answers only a compile whose source, headers and command line are the same, so a path of either user that
+reaches an object file is compiled afresh and shows in the comparison. Kernel choices by timing are the lockfile's
+concern, so the spec's GEMMs are not autotuned here."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -37,11 +40,22 @@ def _spec_without_autotuning(workdir: Path, tmp_path: Path) -> Path:
     return spec_of_its_own(workdir, tmp_path / "spec" / "mlp.toml", text)
 
 
+def _session_ccache() -> str | None:
+    """The compiler cache this session's builds use, where ccache is installed."""
+    ccache = shutil.which("ccache")
+    if ccache is None:
+        return None
+    found = subprocess.run([ccache, "--get-config", "cache_dir"], capture_output=True, text=True)
+    return found.stdout.strip() or None
+
+
 def _build_as(user: Path, inductor: Path, spec: Path, out: Path, *, session_pieces: bool) -> subprocess.Popen[str]:
     """A build by `user` (a HOME), with an Inductor cache of its own at `inductor`."""
     user.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in _PER_USER}
     env.update(HOME=str(user), TORCHINDUCTOR_CACHE_DIR=str(inductor))
+    if ccache_dir := _session_ccache():
+        env["CCACHE_DIR"] = ccache_dir
     if session_pieces:
         env["SHIMGEN_CACHE_DIR"] = str(cache_sharing_the_toolchain(user))
     return subprocess.Popen(
@@ -119,7 +133,12 @@ def test_same_wheel_from_any_output_directory_and_user(workdir: Path, tmp_path: 
     assert {info.date_time for info, _ in members.values()} == {time.gmtime(max(epoch, 315532800))[:6]}
     import torch
 
-    build_paths = [str(tmp_path), str(REPO), str(Path(torch.__file__).parent)]
+    from shimgen import toolchain
+
+    # The session's per-user cache too: the second user links its pieces, and the compiler cache may give the first
+    # user the objects compiled there.
+    session = toolchain.cache_dir().parent
+    build_paths = [str(tmp_path), str(REPO), str(Path(torch.__file__).parent), str(session)]
     leaks = [f"{name}: {path}" for name, (_, data) in members.items() for path in build_paths if path.encode() in data]
     assert not leaks, leaks
 
