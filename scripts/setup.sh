@@ -37,9 +37,5 @@ MESON="$PWD/$VENV/bin/meson" NINJA="$PWD/$VENV/bin/ninja" "${pip[@]}" --no-build
 # PYTHONDONTWRITEBYTECODE is set, as in many container images, Python never writes what it compiles at import, so every
 # interpreter would compile torch's sources again (here: `import torch` 4.0 s against 1.6 s, a build server's imports
 # 12 s against 3 s). Files that only a newer Python can compile (torch's tests of 3.12 syntax) are left as they are.
-# BYTECODE=lazy leaves it to the imports, for a venv whose users let Python write what it compiles (scripts/test.sh's
-# second torch: 40 s of processor time saved, most of it for modules no test imports).
-if [ "${BYTECODE:-ahead}" != lazy ]; then
-  "$VENV/bin/python" -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
-fi
+"$VENV/bin/python" -c 'import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()["purelib"], quiet=2, workers=0)'
 echo "setup: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $("$VENV/bin/shimgen" --help >/dev/null && echo 'shimgen installed')"

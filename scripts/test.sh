@@ -8,7 +8,7 @@ bash scripts/system_packages.sh
 second="${SECOND_TORCH:-2.14.1}"
 [ $# -eq 0 ] || second=none
 if [ "$second" != none ]; then  # installing it is mostly unpacking: done meanwhile
-  VENV=".venv-torch$second" TORCH_VERSION="$second" BYTECODE=lazy bash scripts/setup.sh > "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log" 2>&1 &
+  VENV=".venv-torch$second" TORCH_VERSION="$second" bash scripts/setup.sh > "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log" 2>&1 &
   second_setup=$!
 fi
 bash scripts/setup.sh
@@ -24,6 +24,6 @@ workers=(-n "${TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder)
 if [ "$second" != none ]; then
   wait "$second_setup" || { cat "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"; exit 1; }
   tail -1 "${TMPDIR:-/tmp}/shimgen-setup-torch$second.log"
-  (cd tests && env -u PYTHONDONTWRITEBYTECODE "../.venv-torch$second/bin/python" -m pytest -q -ra --durations=5 "${workers[@]}" \
+  (cd tests && "../.venv-torch$second/bin/python" -m pytest -q -ra --durations=5 "${workers[@]}" \
     -m "not slow" unit integration/test_report.py integration/test_escaping.py)
 fi

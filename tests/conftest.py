@@ -76,6 +76,29 @@ def pytest_configure(config: pytest.Config) -> None:
             " puts in node ids, so --dist loadgroup would schedule every test alone (each file's builds made on both "
             "workers): install the pytest that scripts/setup.sh pins"
         )
+    if stale := _installed_file_unlike_checkout():
+        raise pytest.UsageError(
+            f"the tests run the installed shimgen, whose {stale} differs from this checkout's: install the checkout "
+            "(`bash scripts/setup.sh`, or pip install --no-build-isolation --no-deps . in the venv)"
+        )
+
+
+def _installed_file_unlike_checkout() -> str:
+    """The first file (shimgen/...) in which the shimgen that the tests import differs from the checkout's; ''."""
+    import shimgen
+
+    installed, checkout = Path(shimgen.__file__).parent, REPO / "shimgen"
+    if installed.resolve() == checkout.resolve():
+        return ""
+
+    def names(root: Path) -> set[str]:
+        return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+    ours, theirs = names(checkout), names(installed)
+    for name in sorted(ours | theirs):
+        if name not in ours or name not in theirs or (checkout / name).read_bytes() != (installed / name).read_bytes():
+            return f"shimgen/{name}"
+    return ""
 
 
 def _groups_reach_xdist() -> bool:
