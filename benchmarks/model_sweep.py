@@ -102,6 +102,9 @@ CASES = [
     timm("efficientvit_b0"),
     timm("swin_tiny_patch4_window7_224"),
     timm("nfnet_l0"),
+    timm("convnext_atto"),
+    timm("rexnet_100"),
+    timm("hgnetv2_b0"),
     # a bias of 2 (heads) that Inductor's oneDNN fusion compares with the example batch 2
     timm("cait_xxs24_224", 64, img_size="64", embed_dim="32", depth="2", num_heads="2"),
     timm("beit_base_patch16_224", 64, img_size="64", embed_dim="32", depth="2", num_heads="2"),
@@ -120,8 +123,18 @@ CASES = [
     torchvision("maxvit_t"),
     torchvision("mnasnet0_5"),
     torchvision("resnext50_32x4d"),
+    torchvision("resnet50"),
+    torchvision("mobilenet_v2"),
+    torchvision("efficientnet_v2_s"),
     hf("distilbert", "dim = 32, n_layers = 2, n_heads = 4, hidden_dim = 37, vocab_size = 99"),
     hf("roberta", SMALL_TEXT + ", pad_token_id = 1"),
+    hf("xlm-roberta", SMALL_TEXT + ", pad_token_id = 1"),
+    # local and global attention layers
+    hf(
+        "modernbert",
+        SMALL_TEXT + ", global_attn_every_n_layers = 2, local_attention = 16, pad_token_id = 0, bos_token_id = 1,"
+        " eos_token_id = 2, cls_token_id = 1, sep_token_id = 2",
+    ),
     hf("albert", SMALL_TEXT + ", embedding_size = 16"),
     hf("electra", SMALL_TEXT + ", embedding_size = 16"),
     hf("deberta-v2", SMALL_TEXT),
@@ -134,6 +147,36 @@ CASES = [
     hf("mixtral", SMALL_DECODER.replace("37", "48") + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
     hf("bloom", "hidden_size = 32, n_layer = 2, n_head = 4, vocab_size = 99", "CausalLM"),
     hf("llama", SMALL_DECODER, "CausalLM"),
+    hf("phi", SMALL_DECODER, "CausalLM"),
+    hf("stablelm", SMALL_DECODER, "CausalLM"),
+    hf("starcoder2", SMALL_DECODER, "CausalLM"),
+    hf("olmo2", SMALL_DECODER, "CausalLM"),
+    hf("granite", SMALL_DECODER, "CausalLM"),
+    hf("smollm3", SMALL_DECODER + ", pad_token_id = 0", "CausalLM"),
+    hf(
+        "qwen2_moe",
+        SMALL_DECODER + ", num_experts = 4, num_experts_per_tok = 2, moe_intermediate_size = 48,"
+        " shared_expert_intermediate_size = 48",
+        "CausalLM",
+    ),
+    # multi-head latent attention, and experts after a first dense layer
+    hf(
+        "deepseek_v3",
+        "hidden_size = 32, intermediate_size = 37, moe_intermediate_size = 48, num_hidden_layers = 2,"
+        " num_attention_heads = 4, num_key_value_heads = 4, n_routed_experts = 4, num_experts_per_tok = 2,"
+        " n_group = 1, topk_group = 1, first_k_dense_replace = 1, q_lora_rank = 16, kv_lora_rank = 16,"
+        " qk_rope_head_dim = 8, v_head_dim = 8, qk_nope_head_dim = 8, vocab_size = 99, max_position_embeddings = 64",
+        "CausalLM",
+    ),
+    # a state-space model: transformers' reference scan (no mamba_ssm kernels) loops over the sequence in Python, which
+    # fixes its length (a dynamic one is refused, saying so)
+    hf(
+        "mamba",
+        "hidden_size = 32, num_hidden_layers = 2, vocab_size = 99, state_size = 8",
+        "CausalLM",
+        inputs=TEXT.replace('"seq"', "16"),
+        dims=BATCH,
+    ),
     hf("gpt2", "n_embd = 32, n_layer = 2, n_head = 4, vocab_size = 99, n_positions = 64", "CausalLM"),
     hf("qwen3", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
     hf("gemma2", SMALL_DECODER + ", head_dim = 8, sliding_window = 16", "CausalLM"),

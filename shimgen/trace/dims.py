@@ -27,6 +27,7 @@ _DIM_FIX = re.compile(r"^\s*(\w+) = Dim\('\w+'((?:, (?:min|max)=\d+)*)\)\s*$", r
 _MULTIPLE_FIX = re.compile(r"^\s*(\w+) = (\d+)\*(\w+)\s*$", re.M)
 _GUARD_FAILED = re.compile(r"Guard failed: (.*?)\.?$", re.M)
 _EQUAL_FIX = re.compile(r"^\s*(\w+) = (\w+)\s*$", re.M)
+_MADE_CONSTANT = re.compile(r"You marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)")
 
 
 def export_dims(graph: Graph) -> dict[str, Any]:
@@ -63,9 +64,26 @@ def _spec_error(exc: Exception, graph: Graph, where: str) -> SpecError:
     violations = _VIOLATION.findall(text)
     name = re.sub(r"_over_\d+$", "", violations[0][0]) if violations else ""
     if name not in graph.dims:
-        return SpecError("", where, f"torch.export failed: {_first_lines(exc, graph)}")
+        return _made_constant(text, graph, where) or SpecError(
+            "", where, f"torch.export failed: {_first_lines(exc, graph)}"
+        )
     guard = _readable(violations[0][1], graph)
     return range_error(graph, where, name, guard, _suggested_fix(text, name, graph) or _bound_fix(guard, graph))
+
+
+def _made_constant(text: str, graph: Graph, where: str) -> SpecError | None:
+    """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic."""
+    found = _MADE_CONSTANT.search(text)
+    name = re.sub(r"_over_\d+$", "", found[1]) if found else ""
+    if not found or name not in graph.dims:
+        return None
+    return SpecError(
+        "",
+        f"{where}.dims.{name}",
+        f"the model's code fixes '{name}' at the size it was traced at ({found[2]}), so it cannot be dynamic: its code "
+        f"depends on that size's value (a Python loop over it, say). Give '{name}' a fixed size: write the number in "
+        f"the inputs' shapes instead of '{name}' (one graph for each size you need), or change the model",
+    )
 
 
 class RangeError(SpecError):

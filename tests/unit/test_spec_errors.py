@@ -593,6 +593,26 @@ def test_a_bound_torch_writes_size_last_reads_and_narrows_as_one_written_size_fi
     assert trace_dims._readable("2 < L['tensors'][0].size()[0]", graph) == "x.shape[0] > 2"
 
 
+def test_a_dim_the_model_makes_constant_is_named_with_the_fix(tmp_path: Path) -> None:
+    """transformers' Mamba scans its sequence in a Python loop, which torch.export turns into one size: said in the
+    spec's terms, not torch.export's (mark_dynamic, Dim.STATIC)."""
+    from shimgen.errors import SpecError
+    from shimgen.trace import dims as trace_dims
+
+    class Scan(torch.nn.Module):  # called as shimgen's trace calls a model: the spec's inputs as *tensors
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return torch.stack([row * 2 for row in tensors[0]])
+
+    spec = tmp_path / "dims.toml"
+    spec.write_text(dims("{ min = 2, max = 8 }"))
+    graph = load_spec(spec).graph[0]
+    with pytest.raises(SpecError) as raised:
+        trace_dims.export(Scan(), [torch.randn(5, 32)], graph, "graph[0]")
+    assert raised.value.where == "graph[0].dims.batch"
+    assert raised.value.message.startswith("the model's code fixes 'batch' at the size it was traced at (5)")
+    assert "Dim" not in raised.value.message and "mark_dynamic" not in raised.value.message
+
+
 TALKING_HEADS = """import torch
 from torch import nn
 
