@@ -11,7 +11,7 @@ import torch
 from conftest import edited
 
 from shimgen.commands.cli import main
-from shimgen.errors import UserError
+from shimgen.errors import SpecError, UserError
 from shimgen.spec import load_spec
 from shimgen.toolchain.cuda import CudaToolchain, detect_cuda
 
@@ -596,7 +596,6 @@ def test_a_bound_torch_writes_size_last_reads_and_narrows_as_one_written_size_fi
 def test_a_dim_the_model_makes_constant_is_named_with_the_fix(tmp_path: Path) -> None:
     """transformers' Mamba scans its sequence in a Python loop, which torch.export turns into one size: said in the
     spec's terms, not torch.export's (mark_dynamic, Dim.STATIC)."""
-    from shimgen.errors import SpecError
     from shimgen.trace import dims as trace_dims
 
     class Scan(torch.nn.Module):  # called as shimgen's trace calls a model: the spec's inputs as *tensors
