@@ -311,9 +311,7 @@ def generate(
             refused = _cause(exc, user_triton.UserKernelError)
             if isinstance(refused, user_triton.UserKernelError):
                 raise UserError(refused.message) from None
-            raise UserError(
-                f"Inductor could not compile the graph: {type(exc).__name__}: {_first_lines(str(exc))}"
-            ) from exc
+            raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {failure(str(exc))}") from exc
         files, ptx = _extract(package)
     _refuse_specialized(program, uses_onednn(target, flags))
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split, KERNEL_FILE_BYTES)
@@ -769,6 +767,20 @@ def compile_flags(flags_json: dict[str, Any], target: Target) -> tuple[list[str]
         if capability:
             defines.append(capability)
     return defines, args
+
+
+_TRACEBACK_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)\n[ \t]*(\S[^\n]*)')
+
+
+def failure(text: str) -> str:
+    """Inductor's error as a user reads it: without the graph node it was running and torch's hints that follow, but
+    with the line of the model that node came from (the last frame of the traceback Inductor appends)."""
+    error, _, node = text.partition("\nWhile executing %")
+    frames = _TRACEBACK_FRAME.findall(node)
+    if not frames:
+        return _first_lines(error)
+    file, line, function, code = frames[-1]
+    return f"{_first_lines(error)}\n(from {Path(file).name}:{line}, in {function}: {code.strip()})"
 
 
 def _first_lines(text: str, n: int = 6) -> str:

@@ -36,6 +36,7 @@ from shimgen.inductor.codegen import (
     FUSED_NAME_LIMIT,
     codegen_key,
     compile_flags,
+    failure,
     inductor_configs,
     model_source,
     packing_threads,
@@ -185,6 +186,30 @@ def test_split_wrapper_gives_each_file_at_least_its_share_of_source(share: float
     _, _, split = split_wrapper(text, 4, least_bytes=int(share * total))
     assert len(split) == files
     assert sorted(kernels_by_name(split)) == sorted(KERNELS)
+
+
+# Inductor's error for transformers' DeepSeek-V3 with torch 2.11, as it came (the node's arguments shortened).
+INDUCTOR_FAILURE = """AssertionError: Tensor dtype mismatch! Expected: torch.float32, Got: torch.int64
+
+While executing %_assert_tensor_metadata_25 : [num_users=0] = call_function[target=torch.ops.aten._assert_tensor_metadata.default](args = (%view_43,))
+Original traceback:
+File "/work/main/shimgen/trace/export.py", line 317, in forward
+    return output_tensors(call_model(self.model, graph, list(tensors)))
+  File "/venv/transformers/models/deepseek_v3/modeling_deepseek_v3.py", line 231, in forward
+    hidden_states = self.experts(hidden_states, topk_indices, topk_weights).view(*orig_shape)
+  File "/venv/transformers/integrations/moe.py", line 573, in forward
+    return experts_forward(self, *args, **kwargs)
+
+Use tlparse to see full graph. (https://github.com/pytorch/tlparse?tab=readme-ov-file#tlparse-parse-structured-pt2-logs)
+"""
+
+
+def test_inductor_failure_names_the_model_line_not_the_graph_node() -> None:
+    assert failure(INDUCTOR_FAILURE) == (
+        "AssertionError: Tensor dtype mismatch! Expected: torch.float32, Got: torch.int64\n"
+        "(from moe.py:573, in forward: return experts_forward(self, *args, **kwargs))"
+    )
+    assert failure("RuntimeError: no kernel\nsecond line") == "RuntimeError: no kernel\nsecond line"
 
 
 def test_model_source_checks_every_shim_call_that_returns_an_error() -> None:
