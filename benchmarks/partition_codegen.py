@@ -18,6 +18,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -53,14 +54,14 @@ def generate(program: torch.export.ExportedProgram, package: Path, cpp_only: boo
     return time.perf_counter() - started
 
 
-def per_call_ms(run: object, x: torch.Tensor, seconds: float = 2.0) -> float:
+def per_call_ms(run: Callable[[torch.Tensor], object], x: torch.Tensor, seconds: float = 2.0) -> float:
     for _ in range(5):
-        run(x)  # type: ignore[operator]
+        run(x)
     times = []
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         started = time.perf_counter()
-        run(x)  # type: ignore[operator]
+        run(x)
         times.append(time.perf_counter() - started)
     return statistics.median(times) * 1e3
 

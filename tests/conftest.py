@@ -76,7 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
             " puts in node ids, so --dist loadgroup would schedule every test alone (each file's builds made on both "
             "workers): install the pytest that scripts/setup.sh pins"
         )
-    if stale := _installed_file_unlike_checkout():
+    if not hasattr(config, "workerinput") and (stale := _installed_file_unlike_checkout()):  # once, not per worker
         raise pytest.UsageError(
             f"the tests run the installed shimgen, whose {stale} differs from this checkout's: install the checkout "
             "(`bash scripts/setup.sh`, or pip install --no-build-isolation --no-deps . in the venv)"

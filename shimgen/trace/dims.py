@@ -62,7 +62,7 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
 def _spec_error(exc: Exception, graph: Graph, where: str) -> SpecError:
     text = str(exc)
     violations = _VIOLATION.findall(text)
-    name = re.sub(r"_over_\d+$", "", violations[0][0]) if violations else ""
+    name = _spec_dim(violations[0][0]) if violations else ""
     if name not in graph.dims:
         return _made_constant(text, graph, where) or SpecError(
             "", where, f"torch.export failed: {_first_lines(exc, graph)}"
@@ -71,10 +71,15 @@ def _spec_error(exc: Exception, graph: Graph, where: str) -> SpecError:
     return range_error(graph, where, name, guard, _suggested_fix(text, name, graph) or _bound_fix(guard, graph))
 
 
+def _spec_dim(exported: str) -> str:
+    """The spec's dim of a torch.export Dim (`export_dims` names a multiple_of dim's base `<dim>_over_<k>`)."""
+    return re.sub(r"_over_\d+$", "", exported)
+
+
 def _made_constant(text: str, graph: Graph, where: str) -> SpecError | None:
     """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic."""
     found = _MADE_CONSTANT.search(text)
-    name = re.sub(r"_over_\d+$", "", found[1]) if found else ""
+    name = _spec_dim(found[1]) if found else ""
     if not found or name not in graph.dims:
         return None
     return SpecError(
