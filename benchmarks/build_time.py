@@ -592,7 +592,7 @@ def edit_loop(
 ) -> dict[str, Any]:
     """Cold builds (AOTI unless not `aoti_too`, and shimgen: fresh processes and Inductor and Triton caches, shimgen
     replaying the committed lockfile and starting its build server), then edit-rebuilds in the same output directory
-    with the build server on and/or off: each edit made, rebuilt and timed, then taken back and rebuilt untimed."""
+    with the build server on and/or off: each edit made and rebuilt, then taken back and rebuilt, both timed."""
     label, spec = MODELS[key]
     projects = tmp / f"loop-{key}"
     shutil.copytree(REPO / "projects", projects, ignore=shutil.ignore_patterns("__pycache__"))
@@ -640,12 +640,17 @@ def edit_loop(
         for server in servers:
             source.write_text(edited)
             wall, summary = shimgen_build(spec, tmp / f"loop-out-{key}", {**served, "SHIMGEN_SERVER": server})
-            source.write_text(original)
-            shimgen_build(spec, tmp / f"loop-out-{key}", served)
             figures[f"{kind} {server}"] = wall
             report(
                 f"{kind} edit, build server {server}: {wall:.1f}s = {wall / cold_wall:.2f}x the cold build; stages (s) "
                 f"{stage_line(summary)}; skipped {', '.join(summary['skipped']) or 'nothing'}"
+            )
+            source.write_text(original)
+            wall, summary = shimgen_build(spec, tmp / f"loop-out-{key}", {**served, "SHIMGEN_SERVER": server})
+            figures[f"{kind} {server} undone"] = wall
+            report(
+                f"{kind} edit undone, build server {server}: {wall:.1f}s = {wall / cold_wall:.2f}x the cold build; "
+                f"stages (s) {stage_line(summary)}; skipped {', '.join(summary['skipped']) or 'nothing'}"
             )
     return figures
 
@@ -701,11 +706,12 @@ def loop_main(models: list[str], device: str, servers: list[str], aoti_too: bool
         )
     for kind in EDIT_KINDS:
         for server in servers:
-            report(
-                f"| {kind} edit-rebuild / shimgen cold, server {server} | "
-                + " | ".join(f"{r[f'{kind} {server}'] / r['cold']:.2f}" for r in results)
-                + " | <= 0.25 |"
-            )
+            for figure, label in ((f"{kind} {server}", "edit-rebuild"), (f"{kind} {server} undone", "edit undone")):
+                report(
+                    f"| {kind} {label} / shimgen cold, server {server} | "
+                    + " | ".join(f"{r[figure] / r['cold']:.2f}" for r in results)
+                    + " | <= 0.25 |"
+                )
     report.save(out / ("build_loop.md" if device == "cpu" else f"build_loop_{device}.md"))
     shutil.rmtree(tmp, ignore_errors=True)
 

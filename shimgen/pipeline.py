@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from shimgen import devices, toolchain
 from shimgen.build import meson, workers
 from shimgen.cache import shared_cache
+from shimgen.cache.history import History
 from shimgen.cache.shared_cache import SharedCache
 from shimgen.cache.state import Result, State
 from shimgen.commands import matrix
@@ -363,6 +364,7 @@ class Job:
     shared: SharedCache | None
     verify: bool
     held: ExitStack  # the per-user cache's entries this build compiles against, held to its end (toolchain/entries.py)
+    history: History | None  # earlier builds' code (None: --force, which reuses nothing)
     program_weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # _program_weights, by TraceResult.weights
 
 
@@ -409,6 +411,7 @@ def _build(
         shared=shared,
         verify=verify,
         held=held,
+        history=None if force else History(layout.root / "history"),
     )
     references: ReferenceRun | None = None
 
@@ -691,8 +694,11 @@ def _generate_all(
     to_generate: list[tuple[str, workers.CodegenTask]] = []
     for name, i, _, target, _ in works:
         locked, why, key, structure = keys[name]
-        generated = _known_codegen(job, name, traced[name], key) or _refitted_codegen(
-            job, name, traced[name], key, structure, target
+        _keep_replaced_code(job, name, key, structure)
+        generated = (
+            _known_codegen(job, name, traced[name], key)
+            or _refitted_codegen(job, name, traced[name], key, structure, target)
+            or _earlier_codegen(job, name, traced[name], key, structure, target)
         )
         if generated is not None:
             code[name] = generated
@@ -972,15 +978,13 @@ def _refits(job: Job) -> bool:
 
 
 def _keeps_checked_code(job: Job, name: str, key: str, structure_key: str) -> bool:
-    """Whether the unit will most likely keep code that passed the package check at every size: the same code key, or
-    the same structure where weights are refitted. A guess made before codegen: the plan made from what the units
-    did keep decides."""
-    last = job.state.get(CodegenResult, f"unit:codegen:{name}", None)
-    return (
-        last is not None
-        and last.checked
-        and (last.key == key or (_refits(job) and last.structure_key == structure_key))
-    )
+    """Whether the unit will most likely keep code that passed the package check at every size, the last build's or
+    one in the history (`_keeps_code`). A guess made before codegen: the plan made from what the units did keep
+    decides."""
+    code = job.state.get(CodegenResult, f"unit:codegen:{name}", None)
+    if (code is None or not _keeps_code(job, code, key, structure_key)) and job.history is not None:
+        code = job.history.find(name, structure_key, job.layout.root / "codegen" / name)
+    return code is not None and code.checked and _keeps_code(job, code, key, structure_key)
 
 
 def _refitted_codegen(
@@ -1016,6 +1020,57 @@ def _refitted_codegen(
     generated = dataclasses.replace(last, key=key, weights_digest=traced.weights)
     job.state.commit(f"unit:codegen:{name}", generated)
     job.timeline.skipped.append(f"codegen:{name} (weights refitted)")
+    return generated
+
+
+def _keeps_code(job: Job, code: CodegenResult, key: str, structure_key: str) -> bool:
+    """Whether a build under `key` keeps `code` in place: the same key, or the same structure where weights are
+    refitted."""
+    return code.key == key or (_refits(job) and code.structure_key == structure_key)
+
+
+def _keep_replaced_code(job: Job, name: str, key: str, structure_key: str) -> None:
+    """The last build's code of the unit put in the history where this build replaces it: undoing the edit finds
+    it there (`_earlier_codegen`)."""
+    last = job.state.get(CodegenResult, f"unit:codegen:{name}", None)
+    if job.history is not None and last is not None and not _keeps_code(job, last, key, structure_key):
+        job.history.keep(name, last, job.layout.root / "codegen" / name)
+
+
+def _earlier_codegen(
+    job: Job, name: str, traced: TraceResult, key: str, structure_key: str, target: Target
+) -> CodegenResult | None:
+    """The code an earlier build generated for this program (an edit undone), taken from the build's history, its
+    weights file made again from the traced program: by its refit program where freezing folded them, as a
+    weights-only edit makes it. None: codegen runs."""
+    if job.history is None or job.tuning.retune:
+        return None
+    root = job.layout.root / "codegen" / name
+    earlier = job.history.find(name, structure_key, root)
+    if earlier is None or not _keeps_code(job, earlier, key, structure_key):
+        return None
+    if earlier.weights_file is not None and earlier.constants is None:
+        return None
+    with job.timeline.stage("weights", f"{name} (earlier code)"):
+        last = job.state.get(CodegenResult, f"unit:codegen:{name}", None)
+        if last is not None:  # its files are replaced now: a build stopped meanwhile must not take them for its own
+            _unrecorded_while_rewritten(job, name, last)
+        job.history.restore(name, structure_key, root)
+        if earlier.weights_file is not None:
+            assert earlier.constants is not None
+            constants = weights.read_constants(earlier.constants)
+            tensors = _program_weights(job, name, traced)
+            if earlier.refit is not None and _refits(job):
+                made = weights.write_refitted(
+                    constants, tensors, json.loads(earlier.refit.read_text()), target.device, earlier.weights_file
+                )
+            else:
+                made = weights.write_from_tensors(constants, tensors, earlier.weights_file)
+            if not made:
+                return None
+    generated = dataclasses.replace(earlier, key=key, weights_digest=traced.weights)
+    job.state.commit(f"unit:codegen:{name}", generated)
+    job.timeline.skipped.append(f"codegen:{name} (earlier build)")
     return generated
 
 

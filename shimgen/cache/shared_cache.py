@@ -201,7 +201,7 @@ def unpack(data: bytes, root: Path) -> bytes:
 def store(cache: SharedCache, kind: str, key: str, result: Any, roots: dict[str, Path]) -> None:
     """Put a stage's result and its files (all under roots["ROOT"]) in the cache, its paths made relative to `roots`."""
     files = [p for p in result.files if p.is_file()]
-    meta = json.dumps(_relocate(to_json(result), {str(path): f"${name}" for name, path in roots.items()})).encode()
+    meta = json.dumps(relocate(to_json(result), {str(path): f"${name}" for name, path in roots.items()})).encode()
     cache.put(kind, key, pack(roots["ROOT"], files, meta))
 
 
@@ -221,15 +221,15 @@ def fetch(cache: SharedCache, kind: str, key: str, cls: type[R], roots: dict[str
             path.replace(final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return from_json(cls, _relocate(json.loads(meta), {f"${name}": str(path) for name, path in roots.items()}))
+    return from_json(cls, relocate(json.loads(meta), {f"${name}": str(path) for name, path in roots.items()}))
 
 
-def _relocate(value: Any, prefixes: dict[str, str]) -> Any:
+def relocate(value: Any, prefixes: dict[str, str]) -> Any:
     """Strings that start with a key of `prefixes` (followed by / or alone) rewritten to start with its value."""
     if isinstance(value, dict):
-        return {k: _relocate(v, prefixes) for k, v in value.items()}
+        return {k: relocate(v, prefixes) for k, v in value.items()}
     if isinstance(value, list):
-        return [_relocate(v, prefixes) for v in value]
+        return [relocate(v, prefixes) for v in value]
     if isinstance(value, str):
         for old, new in sorted(prefixes.items(), key=lambda kv: -len(kv[0])):
             if value == old or value.startswith(old + "/"):

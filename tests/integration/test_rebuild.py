@@ -58,6 +58,7 @@ def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path
     finally:
         source.write_text(original)
     restored = build_json(zoo_spec, workdir)
+    assert "codegen:convnet_cpu (earlier build)" in restored["skipped"]  # the edit undone: its code kept from before
     torch.testing.assert_close(
         call_in_subprocess(restored, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5
     )
