@@ -1007,15 +1007,8 @@ def _refitted_codegen(
     ):
         return None
     with job.timeline.stage("weights", f"{name} (refit)"):
-        tensors = _program_weights(job, name, traced)
         _unrecorded_while_rewritten(job, name, last)
-        if not weights.write_refitted(
-            weights.read_constants(last.constants),
-            tensors,
-            json.loads(last.refit.read_text()),
-            target.device,
-            last.weights_file,
-        ):
+        if not _weights_file_made(job, name, traced, last, target):
             return None
     generated = dataclasses.replace(last, key=key, weights_digest=traced.weights)
     job.state.commit(f"unit:codegen:{name}", generated)
@@ -1056,22 +1049,24 @@ def _earlier_codegen(
         if last is not None:  # its files are replaced now: a build stopped meanwhile must not take them for its own
             _unrecorded_while_rewritten(job, name, last)
         job.history.restore(name, structure_key, root)
-        if earlier.weights_file is not None:
-            assert earlier.constants is not None
-            constants = weights.read_constants(earlier.constants)
-            tensors = _program_weights(job, name, traced)
-            if earlier.refit is not None and _refits(job):
-                made = weights.write_refitted(
-                    constants, tensors, json.loads(earlier.refit.read_text()), target.device, earlier.weights_file
-                )
-            else:
-                made = weights.write_from_tensors(constants, tensors, earlier.weights_file)
-            if not made:
-                return None
+        if earlier.weights_file is not None and not _weights_file_made(job, name, traced, earlier, target):
+            return None
     generated = dataclasses.replace(earlier, key=key, weights_digest=traced.weights)
     job.state.commit(f"unit:codegen:{name}", generated)
     job.timeline.skipped.append(f"codegen:{name} (earlier build)")
     return generated
+
+
+def _weights_file_made(job: Job, name: str, traced: TraceResult, code: CodegenResult, target: Target) -> bool:
+    """`code`'s weights file written from the traced program's weights: by the refit programs its build recorded where
+    freezing computed constants from them, else as they are. False, and nothing written, where that cannot make
+    them (codegen then runs)."""
+    assert code.weights_file is not None and code.constants is not None
+    constants, tensors = weights.read_constants(code.constants), _program_weights(job, name, traced)
+    if code.refit is not None and _refits(job):
+        program = json.loads(code.refit.read_text())
+        return weights.write_refitted(constants, tensors, program, target.device, code.weights_file)
+    return weights.write_from_tensors(constants, tensors, code.weights_file)
 
 
 def _shared_trace(job: Job, shared: SharedCache, key: str) -> TraceResult | None:
