@@ -38,6 +38,7 @@ def convnet_inputs(spec: Path, batch: int = 3) -> list[torch.Tensor]:
 
 def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path, tmp_path: Path) -> None:
     base = build_json(zoo_spec, workdir)
+    base_wheel = Path(base["wheel"]).read_bytes()
     (x,) = convnet_inputs(zoo_spec)
     torch.testing.assert_close(
         call_in_subprocess(base, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5
@@ -58,7 +59,9 @@ def test_model_source_edit_rebuilds_only_its_graph(zoo_spec: Path, workdir: Path
     finally:
         source.write_text(original)
     restored = build_json(zoo_spec, workdir)
-    assert "codegen:convnet_cpu (earlier build)" in restored["skipped"]  # the edit undone: its code kept from before
+    # The edit undone: the code from before it, kept in the build's history, and the same wheel as before, byte for byte.
+    assert "codegen:convnet_cpu (earlier build)" in restored["skipped"]
+    assert Path(restored["wheel"]).read_bytes() == base_wheel
     torch.testing.assert_close(
         call_in_subprocess(restored, "convnet", tmp_path, x), eager(zoo_spec, 0, [x]), rtol=1e-4, atol=1e-5
     )
