@@ -421,9 +421,10 @@ def _build(
 
     try:
         units = _generate_all(job, {}, traced)
-        job.state.forget_all_but(
-            "unit:", {f"unit:{kind}:{name}" for u in units for name, _ in u.generated for kind in ("trace", "codegen")}
-        )
+        names = {name for u in units for name, _ in u.generated}
+        job.state.forget_all_but("unit:", {f"unit:{kind}:{name}" for name in names for kind in ("trace", "codegen")})
+        if job.history is not None:
+            job.history.forget_all_but(names)
         if references is None:
             references = _reference_run(job, [_programs_of(u) for u in units], _checked(units), codegen_ahead=False)
         return _package_all(job, tools, units, references)

@@ -54,10 +54,10 @@ class History:
         """The code kept under `structure_key`, its paths under `root` (its codegen directory); None where none is."""
         try:
             with zipfile.ZipFile(self._entry(unit, structure_key)) as entry:
-                meta = entry.read("meta.json")
-        except (OSError, KeyError, zipfile.BadZipFile):
+                meta = json.loads(entry.read("meta.json"))
+            return from_json(CodegenResult, relocate(meta, {"$ROOT": str(root)}))
+        except (OSError, KeyError, TypeError, ValueError, zipfile.BadZipFile):  # damaged, or another shimgen's
             return None
-        return from_json(CodegenResult, relocate(json.loads(meta), {"$ROOT": str(root)}))
 
     def restore(self, unit: str, structure_key: str, root: Path) -> None:
         """The files of the code kept under `structure_key` in place of `root`'s (all but its weights file, which the
@@ -72,6 +72,13 @@ class History:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         _used(entry)
+
+    def forget_all_but(self, units: set[str]) -> None:
+        """Drop the code of units not in `units` (graphs or targets that left the spec)."""
+        if self.directory.is_dir():
+            for kept in self.directory.iterdir():
+                if kept.name not in units:
+                    shutil.rmtree(kept, ignore_errors=True)
 
 
 def _used(entry: Path) -> None:

@@ -96,3 +96,14 @@ def test_a_damaged_entry_is_no_code(tmp_path: Path) -> None:
     (entry,) = (tmp_path / "history").rglob("*.zip")
     entry.write_bytes(entry.read_bytes()[:100])
     assert kept.find("forward_cpu", "structure-a", root) is None
+
+
+def test_units_that_left_the_spec_lose_their_code(tmp_path: Path) -> None:
+    kept = History(tmp_path / "history")
+    for unit in ("forward_cpu", "renamed_cpu"):
+        root = tmp_path / "codegen" / unit
+        kept.keep(unit, generated(root, "structure-a", unit), root)
+    kept.forget_all_but({"forward_cpu", "forward_cpu__batch1"})
+    root = tmp_path / "codegen"
+    assert kept.find("forward_cpu", "structure-a", root / "forward_cpu") is not None
+    assert kept.find("renamed_cpu", "structure-a", root / "renamed_cpu") is None
