@@ -728,8 +728,8 @@ def docstring(
         )
         if packed_threads:
             lines.append(
-                f"oneDNN's weights are packed for {packed_threads} threads ([[target]] threads): calls at another "
-                "count repack them at every call, much slower."
+                f"oneDNN's weights are packed for {packed_threads} threads ([[target]] threads): on CPUs where oneDNN's "
+                "layout follows the threads, calls at another count repack them at every call, much slower."
             )
     if instances and cuda_graphs and not graph.dims:
         instances = 1

@@ -125,8 +125,9 @@ std::string threads_mismatch(const GraphSpec& spec, int threads, const char* sou
   if (packed <= 0 || threads == packed) return "";
   const std::string at = std::to_string(threads), as = std::to_string(packed);
   return std::string(spec.name) + "(): called at " + at + " threads (" + source +
-         "), but its oneDNN weights are packed for " + as + ": each call repacks them, much slower. Build for " + at +
-         " threads ([[target]] threads = " + at + ") or call at " + as + ".";
+         "), but its oneDNN weights are packed for " + as +
+         ": where oneDNN's layout follows the threads (on some CPUs), each call repacks them, much slower. Build for " +
+         at + " threads ([[target]] threads = " + at + ") or call at " + as + ".";
 }
 
 size_t pick_variant(const GraphSpec& spec, const int64_t* dim_values) {

@@ -172,7 +172,8 @@ class Target:
     threads: int | None = doc(
         "CPU only: the threads (torch.set_num_threads) the package is tuned for. With oneDNN (native ISA, freezing), "
         "convolution and linear weights are packed at build time for the threads oneDNN will run them on, and a call "
-        "at another count repacks them at every call (ResNet-18 at batch 1 on 2 cores: 1.6-1.7x slower). Default: the "
+        "at another count repacks them at every call on CPUs where oneDNN's layout follows the threads (ResNet-18 at "
+        "batch 1 on 2 AVX2 cores: 1.6-1.7x slower; on AVX-512 machines the layouts measured the same). Default: the "
         "threads torch runs in the process that builds (in a new process, one per physical core or "
         "$OMP_NUM_THREADS).",
         default=None,

@@ -213,8 +213,9 @@ void test_threads_mismatch() {
   s.packed_threads = 2;
   EXPECT_EQ(shimgen::threads_mismatch(s, 2, "at::get_num_threads()"), "");
   EXPECT_EQ(shimgen::threads_mismatch(s, 3, "at::get_num_threads()"),
-            "f(): called at 3 threads (at::get_num_threads()), but its oneDNN weights are packed for 2: each call "
-            "repacks them, much slower. Build for 3 threads ([[target]] threads = 3) or call at 2.");
+            "f(): called at 3 threads (at::get_num_threads()), but its oneDNN weights are packed for 2: where oneDNN's "
+            "layout follows the threads (on some CPUs), each call repacks them, much slower. Build for 3 threads "
+            "([[target]] threads = 3) or call at 2.");
 }
 
 void test_dims_bind_across_inputs() {
