@@ -3,8 +3,8 @@ finds the code it had before here instead of generating it again.
 
 Only the code is kept, by its structure key (the code key without the weights' values): the weights file is made
 again from the traced program, as a weights-only edit makes it. So an entry is the sources Inductor wrote (a few
-megabytes), whatever the model's size. Each unit keeps its last KEEP codes; an entry too large to keep (weights
-embedded in the code) is left out.
+megabytes), whatever the model's size, unless the weights are embedded in the code. Each unit keeps its last KEEP
+codes, in MAX_UNIT_BYTES at most.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from shimgen.cache.shared_cache import pack, relocate, unpack
 from shimgen.results import CodegenResult, from_json, to_json
 
 KEEP = 8
-MAX_ENTRY_BYTES = 256 << 20
+MAX_UNIT_BYTES = 256 << 20  # weights embedded in the code make entries of the model's size
 
 
 class History:
@@ -38,7 +38,7 @@ class History:
         if not code.structure_key:
             return
         files = [p for p in code.files if p != code.weights_file and p.is_file()]
-        if not all(p.is_relative_to(root) for p in files) or sum(p.stat().st_size for p in files) > MAX_ENTRY_BYTES:
+        if not all(p.is_relative_to(root) for p in files) or sum(p.stat().st_size for p in files) > MAX_UNIT_BYTES:
             return
         meta = json.dumps(relocate(to_json(code), {str(root): "$ROOT"})).encode()
         entry = self._entry(unit, code.structure_key)
@@ -47,8 +47,11 @@ class History:
         partial.write_bytes(pack(root, files, meta))
         partial.replace(entry)
         _used(entry)
-        for old in sorted(entry.parent.glob("*.zip"), key=lambda p: p.stat().st_mtime_ns, reverse=True)[KEEP:]:
-            old.unlink(missing_ok=True)
+        kept, total = 0, 0
+        for older in sorted(entry.parent.glob("*.zip"), key=lambda p: p.stat().st_mtime_ns, reverse=True):
+            kept, total = kept + 1, total + older.stat().st_size
+            if kept > KEEP or total > MAX_UNIT_BYTES:
+                older.unlink(missing_ok=True)
 
     def find(self, unit: str, structure_key: str, root: Path) -> CodegenResult | None:
         """The code kept under `structure_key`, its paths under `root` (its codegen directory); None where none is."""

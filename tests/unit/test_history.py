@@ -84,9 +84,21 @@ def test_code_without_a_structure_key_or_too_large_is_not_kept(tmp_path: Path, m
     kept = History(tmp_path / "history")
     root = tmp_path / "codegen" / "forward_cpu"
     kept.keep("forward_cpu", replace(generated(root, "structure-a", "a rewrite"), structure_key=""), root)
-    monkeypatch.setattr(history, "MAX_ENTRY_BYTES", 64)
+    monkeypatch.setattr(history, "MAX_UNIT_BYTES", 64)
     kept.keep("forward_cpu", generated(root, "structure-b", "embedded weights"), root)
     assert not list((tmp_path / "history").rglob("*.zip"))
+
+
+def test_a_unit_keeps_no_more_bytes_than_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kept = History(tmp_path / "history")
+    root = tmp_path / "codegen" / "forward_cpu"
+    kept.keep("forward_cpu", generated(root, "structure-a", "the first build"), root)
+    (entry,) = (tmp_path / "history").rglob("*.zip")
+    monkeypatch.setattr(history, "MAX_UNIT_BYTES", entry.stat().st_size * 2 + 100)
+    for structure in ("structure-b", "structure-c"):
+        kept.keep("forward_cpu", generated(root, structure, "a later build"), root)
+    found = [s for s in ("structure-a", "structure-b", "structure-c") if kept.find("forward_cpu", s, root)]
+    assert found == ["structure-b", "structure-c"]
 
 
 def test_a_damaged_entry_is_no_code(tmp_path: Path) -> None:
