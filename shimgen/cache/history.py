@@ -19,6 +19,7 @@ import zipfile
 from pathlib import Path
 
 from shimgen.cache.shared_cache import pack, relocate, unpack
+from shimgen.files import replace_dir
 from shimgen.results import CodegenResult, from_json, to_json
 
 KEEP = 8
@@ -70,8 +71,7 @@ class History:
         staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.history-", dir=root.parent))
         try:
             unpack(entry.read_bytes(), staging)
-            shutil.rmtree(root, ignore_errors=True)
-            staging.replace(root)
+            replace_dir(staging, root)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         _used(entry)
