@@ -638,20 +638,17 @@ def edit_loop(
         edited = original.replace(line, f"{assign}\n    {edits[key]}\n    return model")
         assert edited != original, line
         for server in servers:
-            source.write_text(edited)
-            wall, summary = shimgen_build(spec, tmp / f"loop-out-{key}", {**served, "SHIMGEN_SERVER": server})
-            figures[f"{kind} {server}"] = wall
-            report(
-                f"{kind} edit, build server {server}: {wall:.1f}s = {wall / cold_wall:.2f}x the cold build; stages (s) "
-                f"{stage_line(summary)}; skipped {', '.join(summary['skipped']) or 'nothing'}"
-            )
-            source.write_text(original)
-            wall, summary = shimgen_build(spec, tmp / f"loop-out-{key}", {**served, "SHIMGEN_SERVER": server})
-            figures[f"{kind} {server} undone"] = wall
-            report(
-                f"{kind} edit undone, build server {server}: {wall:.1f}s = {wall / cold_wall:.2f}x the cold build; "
-                f"stages (s) {stage_line(summary)}; skipped {', '.join(summary['skipped']) or 'nothing'}"
-            )
+            for text, step, figure in (
+                (edited, "edit", f"{kind} {server}"),
+                (original, "edit undone", f"{kind} {server} undone"),
+            ):
+                source.write_text(text)
+                wall, summary = shimgen_build(spec, tmp / f"loop-out-{key}", {**served, "SHIMGEN_SERVER": server})
+                figures[figure] = wall
+                report(
+                    f"{kind} {step}, build server {server}: {wall:.1f}s = {wall / cold_wall:.2f}x the cold build; "
+                    f"stages (s) {stage_line(summary)}; skipped {', '.join(summary['skipped']) or 'nothing'}"
+                )
     return figures
 
 
