@@ -190,6 +190,16 @@ def python_custom_op_module(name: str) -> str | None:
     return None if opdef is None else str(opdef._init_fn.__module__)
 
 
+def is_triton_op(name: str) -> bool:
+    """Whether op `name` is a torch.library.triton_op, whose Triton kernels Inductor compiles from their Python source;
+    where this torch keeps no record of them, every op is taken for one."""
+    try:
+        from torch._library.triton import triton_ops_to_kernels
+    except ImportError:
+        return True
+    return name in triton_ops_to_kernels
+
+
 def import_build_modules() -> None:
     """Import what every build imports (torch, export, Inductor's AOT codegen), without running anything: the build
     server's state before it forks a build."""

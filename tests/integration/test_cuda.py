@@ -285,6 +285,28 @@ def test_user_triton_kernels_with_docstrings_and_autotune(workdir: Path) -> None
     print(f"user triton kernels embedded: {sorted(kernels)}; TMA loads in the GEMMs; check matches eager")
 
 
+def test_an_edit_of_a_triton_ops_kernel_generates_the_code_again(workdir: Path, tmp_path: Path) -> None:
+    """A triton_op's kernel is compiled from its source: an edit of it makes the code again (the files the trace read
+    count for the code, unlike for a Python op, whose body is called), and the package runs the edited kernel."""
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    (project / "models" / "__init__.py").write_text("")
+    source = project / "models" / "triton_ops.py"
+    shutil.copy(workdir / "projects" / "models" / "triton_ops.py", source)
+    spec = project / "triton_ops.toml"
+    shutil.copy(workdir / "projects" / "triton_ops.toml", spec)
+    out = tmp_path / "out"
+    build_json(spec, out)
+    source.write_text(edited(source.read_text(), "x + alpha * y, mask=mask", "x - alpha * y, mask=mask"))
+    after = build_json(spec, out)
+    assert not [s for s in after["skipped"] if s.startswith("codegen:")], after["skipped"]
+    result = shimgen("check", spec, "--out", out)
+    assert result.returncode == 0, result.stderr
+    print(
+        f"triton_op kernel edited: code generated again; check matches eager ({result.stderr.strip().splitlines()[-1]})"
+    )
+
+
 HOST_TMA_MODULE = """import torch
 import triton
 import triton.language as tl

@@ -130,6 +130,35 @@ def test_python_op_module_missing_at_import(built_py_ops: dict[str, Any], tmp_pa
     )
 
 
+def test_edits_that_leave_the_program_as_it_was_keep_the_code_of_a_graph_calling_a_python_op(
+    built_py_ops: dict[str, Any], workdir: Path, tmp_path: Path
+) -> None:
+    """A Python custom op is called by the code, not compiled into it: an edit of its body, and one elsewhere in the
+    model's file (another model, say), trace again and keep the generated code; the package calls the edited body."""
+    op_source, model_source = (
+        workdir / "projects" / "models" / "pyops.py",
+        workdir / "projects" / "models" / "custom_ops.py",
+    )
+    originals = {path: path.read_text() for path in (op_source, model_source)}
+    try:
+        op_source.write_text(
+            edited(originals[op_source], "torch.cummax(x, dim=-1).values.clone()", "torch.cummax(x, dim=-1).values * 2")
+        )
+        model_source.write_text(originals[model_source] + "\n\nclass Another(torch.nn.Module):\n    pass\n")
+        after = build_json(workdir / "projects" / "py_ops.toml", workdir)
+        assert "trace:forward_cpu" not in after["skipped"] and "codegen:forward_cpu" in after["skipped"], after[
+            "skipped"
+        ]
+        run = run_package(after, 5, 32, tmp_path, {"PYTHONPATH": str(workdir / "projects")})
+        assert run.returncode == 0, run.stderr
+        case = torch.load(tmp_path / "out.pt")
+        want = eager(workdir, "models.custom_ops:PyOpModel", case["x"])
+        torch.testing.assert_close(case["y"], want, rtol=1e-5, atol=1e-5)
+    finally:
+        for path, text in originals.items():
+            path.write_text(text)
+
+
 # A project of its own: a C++ op whose fake is in Python, and a Python op taking every kind of argument the generated
 # dispatcher calls pass (tensor lists, optional tensors, int lists, floats, strings, dtypes, defaults).
 OPS_CPP = """#include <ATen/ATen.h>

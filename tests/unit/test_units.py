@@ -1317,9 +1317,10 @@ def test_a_projects_namespace_package_is_not_left_behind(tmp_path: Path, without
     assert "models" not in sys.modules and "models.net" not in sys.modules
 
 
-def test_python_sources_count_for_the_code_only_where_the_program_calls_library_ops(tmp_path: Path) -> None:
+def test_python_sources_count_for_the_code_only_where_the_program_calls_triton_ops(tmp_path: Path) -> None:
     """A weight edited in the model's .py file changes only the weights' values (refit keeps the code); a triton_op's
-    kernel, compiled from its .py source, makes every read .py file count."""
+    kernel, compiled from its .py source, makes every read .py file count; a Python or C++ custom op, called and not
+    compiled, does not (an edit elsewhere in the file of a model calling transformers' MoE op keeps that model's code)."""
     traced = TraceResult(
         key="k",
         program=tmp_path / "p.pt2",
@@ -1337,8 +1338,22 @@ def test_python_sources_count_for_the_code_only_where_the_program_calls_library_
     assert key(traced) != key(traced, weights="w2")  # freezing (the default) compiles the values in
     assert key(traced, values=False) == key(traced, values=False, weights="w2")
     assert key(traced, values=False) != key(traced, values=False, structure="s2")
-    with_ops = replace(traced, library_ops=("demo::scale",))
-    assert key(with_ops) != key(with_ops, reads=(("m.py", "b"),))
+    calling = replace(traced, library_ops=("demo::scale",))
+    assert key(calling) == key(calling, reads=(("m.py", "b"),))
+    compiling = replace(calling, triton_ops=("demo::scale",))
+    assert key(compiling) != key(compiling, reads=(("m.py", "b"),))
+
+
+def test_a_python_custom_op_is_not_taken_for_a_triton_op() -> None:
+    import torch
+
+    from shimgen.inductor import internals
+
+    @torch.library.custom_op("shimgen_tests::plain", mutates_args=())
+    def plain(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    assert not internals.is_triton_op("shimgen_tests::plain")
 
 
 # A rotary-embedding kernel of a transformers decoder (mistral, qwen2, mixtral), as torch 2.11 names it on CUDA.
