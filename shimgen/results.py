@@ -67,7 +67,7 @@ class TraceResult:
     weights: str = ""  # trace.weights_key: the weights' values
     state: tuple[str, ...] = ()  # the buffers the program mutates (trace.mutated_state), by the program's names
     library_ops: tuple[str, ...] = ()  # trace.library_ops: the ops outside aten and prims the program calls
-    triton_ops: tuple[str, ...] = ()  # those of them that are triton_ops, whose kernels Inductor compiles from source
+    kernel_sources: tuple[tuple[str, str], ...] = ()  # (path, sha256): internals.triton_source_files
     op_modules: tuple[str, ...] = ()  # custom_ops.installed_op_modules: imported before the program loads
     narrowed: tuple[
         tuple[str, int, str], ...

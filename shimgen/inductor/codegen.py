@@ -186,13 +186,17 @@ def codegen_key(
 ) -> str:
     """Holds no path of this machine (the shared cache finds it on another); for a native ISA, this machine's CPU.
     The program counts without its weights' values where the code does not depend on them (`values_compiled`), or
-    where `values` is False. Where the program calls a triton_op (its kernels are compiled from their source), the
-    Python files the trace read count by content; otherwise files count only through the program (a Python or C++
-    custom op is called, not compiled, so an edit of its body leaves the code as it is)."""
+    where `values` is False. Where the program launches Triton kernels (compiled from their source), the files that
+    define them and the Python files the trace read count by content; otherwise files count only through the program
+    (a Python or C++ custom op is called, not compiled, so an edit of its body leaves the code as it is)."""
     if values is None:
         values = values_compiled(flags)
     host = host_cpu() if not devices.device(target.device).gpu and target.isa == "native" else None
-    code_read = sorted(digest for path, digest in traced.reads if path.endswith(".py")) if traced.triton_ops else []
+    code_read = (
+        sorted({digest for path, digest in (*traced.reads, *traced.kernel_sources) if path.endswith(".py")})
+        if traced.kernel_sources
+        else []
+    )
     return stage_key(
         traced.structure,
         traced.out_nodes,

@@ -190,14 +190,38 @@ def python_custom_op_module(name: str) -> str | None:
     return None if opdef is None else str(opdef._init_fn.__module__)
 
 
-def is_triton_op(name: str) -> bool:
-    """Whether op `name` is a torch.library.triton_op, whose Triton kernels Inductor compiles from their Python source;
-    where this torch keeps no record of them, every op is taken for one."""
-    try:
-        from torch._library.triton import triton_ops_to_kernels
-    except ImportError:
-        return True
-    return name in triton_ops_to_kernels
+def triton_source_files(program: Any, library_ops: tuple[str, ...]) -> tuple[str, ...]:
+    """The files that define the Triton kernels the program launches, and the triton_ops among `library_ops` that launch
+    them: Inductor compiles those kernels from their source, but the saved program holds none of it (a triton_op stays a
+    call; a kernel launched by wrap_triton is an index into torch's kernel side table). Where this torch keeps no record
+    of its triton_ops, every op of `library_ops` with a Python body counts as one."""
+    import inspect
+
+    from torch._higher_order_ops import triton_kernel_wrap
+    from torch._library import triton
+    from torch._library.custom_ops import OPDEFS
+
+    known: dict[str, list[Any]] | None = getattr(triton, "triton_ops_to_kernels", None)
+    found: list[Any] = []
+    for name in library_ops:
+        if known is None or name in known:
+            found += [OPDEFS[name]._init_fn] if name in OPDEFS else []
+            found += known.get(name, []) if known is not None else []
+    launches = (triton_kernel_wrap.triton_kernel_wrapper_functional, triton_kernel_wrap.triton_kernel_wrapper_mutation)
+    for module in program.graph_module.modules():
+        graph = getattr(module, "graph", None)
+        for node in graph.nodes if graph is not None else ():
+            if node.target in launches:
+                found.append(triton_kernel_wrap.kernel_side_table.get_kernel(node.kwargs["kernel_idx"]))
+    files = set()
+    for kernel in found:
+        for _ in range(4):  # an Autotuner wraps a JITFunction, which wraps the Python function
+            kernel = getattr(kernel, "fn", kernel)
+        try:
+            files.add(inspect.getsourcefile(kernel))
+        except TypeError:
+            continue
+    return tuple(sorted(f for f in files if f))
 
 
 def import_build_modules() -> None:

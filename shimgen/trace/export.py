@@ -121,7 +121,7 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
         weights=weights_key(program),
         state=mutated_state(program),
         library_ops=called,
-        triton_ops=tuple(op for op in called if internals.is_triton_op(op)),
+        kernel_sources=tuple((p, file_hash(Path(p))) for p in internals.triton_source_files(program, called)),
         op_modules=custom_ops.installed_op_modules(called),
         narrowed=tuple(narrowed),
     )

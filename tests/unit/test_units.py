@@ -1340,20 +1340,32 @@ def test_python_sources_count_for_the_code_only_where_the_program_calls_triton_o
     assert key(traced, values=False) != key(traced, values=False, structure="s2")
     calling = replace(traced, library_ops=("demo::scale",))
     assert key(calling) == key(calling, reads=(("m.py", "b"),))
-    compiling = replace(calling, triton_ops=("demo::scale",))
+    compiling = replace(calling, kernel_sources=(("kernels.py", "c"),))
     assert key(compiling) != key(compiling, reads=(("m.py", "b"),))
+    assert key(compiling) != key(compiling, kernel_sources=(("kernels.py", "d"),))
 
 
-def test_a_python_custom_op_is_not_taken_for_a_triton_op() -> None:
+def test_a_program_calling_a_python_custom_op_launches_no_triton_kernel() -> None:
     import torch
 
     from shimgen.inductor import internals
+    from shimgen.trace.export import library_ops
 
     @torch.library.custom_op("shimgen_tests::plain", mutates_args=())
     def plain(x: torch.Tensor) -> torch.Tensor:
         return x.clone()
 
-    assert not internals.is_triton_op("shimgen_tests::plain")
+    @plain.register_fake
+    def _(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    class Calling(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.shimgen_tests.plain(x) + 1
+
+    program = torch.export.export(Calling(), (torch.ones(3),))
+    assert library_ops(program) == ("shimgen_tests::plain",)
+    assert internals.triton_source_files(program, library_ops(program)) == ()
 
 
 # A rotary-embedding kernel of a transformers decoder (mistral, qwen2, mixtral), as torch 2.11 names it on CUDA.
