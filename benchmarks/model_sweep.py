@@ -126,6 +126,22 @@ CASES = [
     torchvision("resnet50"),
     torchvision("mobilenet_v2"),
     torchvision("efficientnet_v2_s"),
+    # bidirectional LSTMs over image rows and columns; an MLP-Mixer; a segmentation model whose output is a dict
+    timm("sequencer2d_s", 64),
+    timm("mixer_s16_224", 64, img_size="64"),
+    torchvision("lraspp_mobilenet_v3_large", 64),
+    # 3-D convolutions over a clip of frames
+    Case(
+        "torchvision:r3d_18",
+        "torchvision_model",
+        'name = "r3d_18", num_classes = 10',
+        '[{ name = "x", shape = ["batch", 3, 4, 32, 32] }]',
+        BATCH,
+    ),
+    # vision transformers with pooled attention, unrolled windows, sub-sampled attention
+    timm("mvitv2_tiny"),
+    timm("hiera_tiny_224"),
+    timm("twins_svt_small"),
     hf("distilbert", "dim = 32, n_layers = 2, n_heads = 4, hidden_dim = 37, vocab_size = 99"),
     hf("roberta", SMALL_TEXT + ", pad_token_id = 1"),
     hf("xlm-roberta", SMALL_TEXT + ", pad_token_id = 1"),

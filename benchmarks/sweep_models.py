@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from models import torchvision_ops  # noqa: F401  (torchvision imports where its ops library does not load)
@@ -18,7 +19,10 @@ def timm_model(name: str, **kwargs: Any) -> nn.Module:
 def torchvision_model(name: str, **kwargs: Any) -> nn.Module:
     import torchvision
 
-    return torchvision.models.get_model(name, weights=None, **kwargs).eval()
+    builder = torchvision.models.get_model_builder(name)
+    if "weights_backbone" in inspect.signature(builder).parameters:  # else a download of its backbone's weights
+        kwargs.setdefault("weights_backbone", None)
+    return builder(weights=None, **kwargs).eval()
 
 
 def hf_model(model_type: str, head: str = "", **config: Any) -> nn.Module:
