@@ -220,6 +220,13 @@ def wrapper_compile_args(compile_args: list[str]) -> list[str]:
     return [a for a in compile_args if a.startswith(("-D", "-I", "-march=")) and not a.startswith("-DCPU_CAPABILITY")]
 
 
+def kernel_compile_args(compile_args: list[str]) -> list[str]:
+    """The compile arguments of Inductor's kernels from the target's: without the defines that say where the weights
+    are (only the model base class reads them), so that projects with embedded and external weights share the kernels'
+    precompiled header."""
+    return [a for a in compile_args if a not in ("-DUSE_MMAP_SELF", "-DUSE_MMAP_EXTERNAL")]
+
+
 def unit_name(graph: Graph, target: Target) -> str:
     return f"{graph.name}_{target.device}"
 

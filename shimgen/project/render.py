@@ -29,6 +29,7 @@ from shimgen.results import (
     RenderedProject,
     Unit,
     Variant,
+    kernel_compile_args,
     target_compile_args,
     wrapper_compile_args,
 )
@@ -344,7 +345,7 @@ def render_project(
             {
                 "device": t.device,
                 "archs": t.archs,
-                "inductor_args": target_args[t.device],
+                "inductor_args": kernel_compile_args(target_args[t.device]),
                 "wrapper_args": wrapper_compile_args(target_args[t.device]),
                 "interface_lib": str(built.interface_lib),
                 "runtime_libs": [str(p) for p in built.runtime_libs],

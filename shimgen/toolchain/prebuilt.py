@@ -21,7 +21,7 @@ from shimgen.errors import BuildError
 from shimgen.files import LockHeld, shimgen_fingerprint
 from shimgen.inductor import codegen
 from shimgen.project import render
-from shimgen.results import Prebuilt, Unit, target_compile_args, wrapper_compile_args
+from shimgen.results import Prebuilt, Unit, kernel_compile_args, target_compile_args, wrapper_compile_args
 from shimgen.spec import Flags, Target
 from shimgen.toolchain import Toolchain, entries, probe, runtime_lib
 from shimgen.toolchain.warmup import NICENESS
@@ -81,7 +81,9 @@ def entry_keys(tc_key: str, device: str, compile_args: list[str], flags: Flags, 
     wrapper = hashlib.sha256(
         common(wrapper_compile_args(compile_args)) + json.dumps(["wrapper", flags.wrapper_opt]).encode() + interface
     )
-    kernel = hashlib.sha256(common(compile_args) + json.dumps(["kernel", flags.kernel_opt]).encode())
+    kernel = hashlib.sha256(
+        common(kernel_compile_args(compile_args)) + json.dumps(["kernel", flags.kernel_opt]).encode()
+    )
     return wrapper.hexdigest()[:16], kernel.hexdigest()[:16]
 
 
@@ -99,7 +101,7 @@ def _kernel_pch(
     root = entries.location("prebuilt", key)
 
     def make(staging: Path) -> None:
-        render.render_kernel_pch(tc, compile_args, flags.kernel_opt, staging / "src")
+        render.render_kernel_pch(tc, kernel_compile_args(compile_args), flags.kernel_opt, staging / "src")
         build(staging / "src", staging / "build", tc, "the kernels' precompiled header", launcher)
 
     entries.ensure(root, make, held, waiting)

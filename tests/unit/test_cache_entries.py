@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from shimgen.errors import UserError
-from shimgen.results import wrapper_compile_args
+from shimgen.results import kernel_compile_args, wrapper_compile_args
 from shimgen.spec import Flags
 from shimgen.toolchain import entries, prebuilt
 
@@ -163,7 +163,8 @@ def test_kernel_opt_keys_the_kernels_header_alone() -> None:
 
 def test_kernel_flags_key_the_kernels_header_alone() -> None:
     """Projects whose kernels differ (scalar kernels, math flags that differ with the compiler's name) share the wrapper's
-    prebuilt pieces; a different ISA baseline or a define the wrapper reads does not."""
+    prebuilt pieces; a different ISA baseline or a define the wrapper reads does not. Embedded and external weights
+    share the kernels' header: only the wrapper reads where the weights are."""
     vectorized = ["-DCPU_CAPABILITY_AVX512", "-DUSE_MMAP_EXTERNAL", "-fexcess-precision=fast", "-march=native", "-mfma"]
     scalar = ["-DUSE_MMAP_EXTERNAL", "-ffp-contract=off", "-march=native"]
     portable = ["-DUSE_MMAP_EXTERNAL", "-march=x86-64"]
@@ -175,3 +176,4 @@ def test_kernel_flags_key_the_kernels_header_alone() -> None:
     assert wrapper_compile_args(vectorized) == ["-DUSE_MMAP_EXTERNAL", "-march=native"] == wrapper_compile_args(scalar)
     assert keys(vectorized)[0] == keys(scalar)[0] and keys(vectorized)[1] != keys(scalar)[1]
     assert len({keys(args)[0] for args in (vectorized, portable, embedded)}) == 3
+    assert keys(embedded)[1] == keys(vectorized)[1] and kernel_compile_args(vectorized) == embedded
