@@ -9,7 +9,10 @@ still comes back from torch as a guard, which is translated here.
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
+from collections.abc import Callable
 from typing import Any
 
 from shimgen.errors import SpecError
@@ -27,6 +30,8 @@ _DIM_FIX = re.compile(r"^\s*(\w+) = Dim\('\w+'((?:, (?:min|max)=\d+)*)\)\s*$", r
 _MULTIPLE_FIX = re.compile(r"^\s*(\w+) = (\d+)\*(\w+)\s*$", re.M)
 _GUARD_FAILED = re.compile(r"Guard failed: (.*?)\.?$", re.M)
 _EQUAL_FIX = re.compile(r"^\s*(\w+) = (\w+)\s*$", re.M)
+# torch appends its next message to a violation's guard without a line break
+_GLUED = re.compile(r"\.?(?:Specializations unexpectedly required|Constraints violated) \(.*$")
 _MADE_CONSTANT = re.compile(r"You marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)")
 
 
@@ -67,8 +72,69 @@ def _spec_error(exc: Exception, graph: Graph, where: str) -> SpecError:
         return _made_constant(text, graph, where) or SpecError(
             "", where, f"torch.export failed: {_first_lines(exc, graph)}"
         )
-    guard = _readable(violations[0][1], graph)
+    raw = _GLUED.sub("", violations[0][1])
+    guard = _readable(raw, graph)
+    if _holds_throughout(raw, graph, name):
+        dim = graph.dims[name]
+        return SpecError(
+            "",
+            f"{where}.dims.{name}",
+            f"torch.export cannot prove that every size of '{name}' in [{dim.min}, {dim.max}] meets {guard}, a "
+            f"condition the model's code depends on, though each of them does (torch does not simplify such size "
+            f"arithmetic over a range). Give '{name}' a fixed size: write the number in the inputs' shapes instead of "
+            f"'{name}' (one graph for each size you need), or change the model",
+        )
     return range_error(graph, where, name, guard, _suggested_fix(text, name, graph) or _bound_fix(guard, graph))
+
+
+_ARITHMETIC: dict[type, Callable[..., Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.USub: operator.neg,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+}
+_MOST_SIZES_TRIED = 100_000
+
+
+def _holds_throughout(guard: str, graph: Graph, name: str) -> bool:
+    """Whether torch's `guard`, integer arithmetic over sizes of the dim `name` alone, is true at every size of its
+    declared range."""
+    refs = _SIZE.findall(guard)
+    if not refs or any(_dim_at(graph, graph.inputs[int(i)].name, int(axis)) != name for i, axis in refs):
+        return False
+    dim = graph.dims[name]
+    sizes = range(-(-dim.min // dim.multiple_of) * dim.multiple_of, dim.max + 1, dim.multiple_of)
+    if len(sizes) > _MOST_SIZES_TRIED:
+        return False
+    try:
+        tree = ast.parse(_SIZE.sub("size", guard), mode="eval").body
+        return all(_evaluate(tree, size) is True for size in sizes)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return False
+
+
+def _evaluate(node: ast.expr, size: int) -> Any:
+    """`node` of a size guard at `size`: integers, `size`, arithmetic and one comparison; ValueError for anything else."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.Name) and node.id == "size":
+        return size
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        return _ARITHMETIC[type(node.op)](_evaluate(node.left, size), _evaluate(node.right, size))
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _ARITHMETIC:
+        return _ARITHMETIC[type(node.op)](_evaluate(node.operand, size))
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _ARITHMETIC:
+        left, right = _evaluate(node.left, size), _evaluate(node.comparators[0], size)
+        return _ARITHMETIC[type(node.ops[0])](left, right)
+    raise ValueError(ast.dump(node))
 
 
 def _spec_dim(exported: str) -> str:

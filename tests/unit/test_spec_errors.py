@@ -612,6 +612,52 @@ def test_a_dim_the_model_makes_constant_is_named_with_the_fix(tmp_path: Path) ->
     assert "Dim" not in raised.value.message and "mark_dynamic" not in raised.value.message
 
 
+class Chunks(torch.nn.Module):
+    """transformers' Mamba-2 and Qwen3-Next scan a sequence padded to whole chunks of 64, chunk by chunk."""
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        x = tensors[0]
+        padded = torch.nn.functional.pad(x, (0, 0, 0, (64 - x.shape[1] % 64) % 64))
+        chunks = padded.reshape(x.shape[0], -1, 64, x.shape[2])
+        return torch.cat([chunks[:, k].cumsum(1) for k in range(chunks.shape[1])], 1)[:, : x.shape[1]]
+
+
+def test_a_condition_every_size_meets_but_torch_cannot_prove_is_said_so(tmp_path: Path) -> None:
+    """torch.export cannot simplify a chunked sequence's arithmetic over a range, though every size of [2, 32] fills one
+    chunk: the message says each size meets the condition (not that the range is too wide) and how to build it, and
+    leaves out what torch appends to the condition."""
+    from shimgen.trace import dims as trace_dims
+
+    spec = tmp_path / "dims.toml"
+    chunked = edited(GOOD_GRAPH, '["batch", 32]', '[2, "seq", 8]')
+    spec.write_text(
+        PROJECT + edited(chunked, "dims = { batch = { min = 1, max = 8 } }", "dims = { seq = { min = 2, max = 32 } }")
+    )
+    graph = load_spec(spec).graph[0]
+    with pytest.raises(SpecError) as raised:
+        trace_dims.export(Chunks(), [torch.randn(2, 17, 8)], graph, "graph[0]")
+    message = raised.value.message
+    assert raised.value.where == "graph[0].dims.seq"
+    assert (
+        message.startswith("torch.export cannot prove that every size of 'seq' in [2, 32] meets (")
+        and "x.shape[1]" in message
+    )
+    assert "Give 'seq' a fixed size" in message and "narrow the range" not in message
+
+    glued = (
+        "Constraints violated (seq)!\n  - Not all values of seq = L['tensors'][0].size()[1] in the specified range "
+        "seq <= 32 satisfy the generated guard (L['tensors'][0].size()[1] // 64) == 0.Specializations unexpectedly "
+        'required (seq)! For more information, run with TORCH_LOGS="+dynamic".'
+    )
+    error = trace_dims._spec_error(Exception(glued), graph, "graph[0]")
+    assert "meets (x.shape[1] // 64) == 0, a condition" in error.message and "Specializations" not in error.message
+    wrong_above = glued.replace("// 64) == 0", "// 4) == 0")
+    error = trace_dims._spec_error(Exception(wrong_above), graph, "graph[0]")
+    assert error.message.startswith(
+        "the model cannot take every size of 'seq' in [2, 32]: it needs (x.shape[1] // 4) == 0"
+    )
+
+
 TALKING_HEADS = """import torch
 from torch import nn
 
