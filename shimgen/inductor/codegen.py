@@ -540,7 +540,36 @@ def _templates_compiled_once() -> Iterator[None]:
 
 @contextmanager
 def _cpu_codegen(vec_isas: Path | None) -> Iterator[None]:
-    with _parallel_only_with_enough_work(), _vec_isas_kept(vec_isas) if vec_isas else nullcontext():
+    with (
+        _parallel_only_with_enough_work(),
+        _tiled_atomic_adds_indexed_once(),
+        _vec_isas_kept(vec_isas) if vec_isas else nullcontext(),
+    ):
+        yield
+
+
+@contextmanager
+def _tiled_atomic_adds_indexed_once() -> Iterator[None]:
+    """Inductor before torch 2.14 (pytorch/pytorch#191837): a CPU kernel tiled in two dimensions that scatters with
+    atomic adds (a fold's col2im, an index_put that accumulates; atomic at more than one thread) applies the tile's
+    inner offset to the index twice, and writes out of bounds: timm's VOLO corrupted the heap at every call. Where
+    Inductor lacks the fix (its CppKernel._use_parallel_atomic_add), its fix: such a store goes to the vectorized
+    store with the index untransformed, which that store transforms once."""
+    from torch._inductor import config
+    from torch._inductor.codegen.cpp import CppKernel, CppTile2DKernel, CppVecKernel
+
+    if hasattr(CppKernel, "_use_parallel_atomic_add"):
+        yield
+        return
+    store = CppTile2DKernel.store
+
+    def store_indexed_once(self: Any, name: str, index: Any, value: Any, mode: Any = None) -> Any:
+        parallel = config.cpp.dynamic_threads or self.num_threads != 1
+        if mode == "atomic_add" and parallel and not self.need_vec_transpose(self.rename_indexing(index)):
+            return CppVecKernel.store(self, name, index, value, mode)
+        return store(self, name, index, value, mode)
+
+    with mock.patch.object(CppTile2DKernel, "store", store_indexed_once):
         yield
 
 

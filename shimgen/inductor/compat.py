@@ -272,6 +272,13 @@ REQUIREMENTS: tuple[Requirement, ...] = (
             exact=True,
         ),
     ),
+    Requirement(
+        "Inductor's CppTile2DKernel.store",
+        CODEGEN,
+        _attribute(
+            f"{_INDUCTOR}.codegen.cpp", "CppTile2DKernel.store", ("self", "name", "index", "value", "mode"), exact=True
+        ),
+    ),
     Requirement("Inductor's autotuning loggers", CODEGEN, _attribute(f"{_INDUCTOR}.autotune_process", "")),
     Requirement(
         "Inductor's C++ kernels (their include of cpp_prefix.h)",

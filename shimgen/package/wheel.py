@@ -270,7 +270,8 @@ def _check(
         raise BuildError(
             f"the built package '{name}' does not compute what its traced program does; {kept}: {report.failure}"
         )
-    crash = f"crashed with signal {checked.signal}" if checked.signal else f"failed: {checked.tail(1)}"
+    said = f" ({checked.tail(1)})" if checked.signal and checked.tail(1) else ""
+    crash = f"crashed with signal {checked.signal}{said}" if checked.signal else f"failed: {checked.tail(1)}"
     raise BuildError(f"the built package '{name}' {crash} at {report.running}; {kept}")
 
 

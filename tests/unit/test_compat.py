@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
 import re
 import sys
 import tokenize
@@ -341,3 +342,40 @@ def test_a_loaded_program_with_sizes_sympy_cannot_solve_loads(tmp_path: Path) ->
     loaded = internals.load_program(tmp_path / "program.pt2")
     x = torch.randn(2, 1000)
     torch.testing.assert_close(loaded.module()(x), program.module()(x))
+
+
+FOLD = """
+import sys
+import torch
+import torch.nn.functional as F
+from shimgen.inductor import codegen
+
+torch.set_num_threads(2)  # Inductor's scatter is atomic at more than one thread
+
+
+def fold(y):  # timm VOLO's outlook attention: a fold of a permuted tensor
+    return F.fold(y.permute(0, 1, 4, 3, 2).reshape(2, 6 * 32 * 9, 196), (28, 28), 3, padding=1, stride=2)
+
+
+y = torch.randn(2, 6, 196, 9, 32)
+with codegen._cpu_codegen(None):
+    compiled = torch.compile(fold)
+    torch.testing.assert_close(compiled(y), fold(y))
+    torch.testing.assert_close(compiled(y), fold(y))
+print("equal")
+"""
+
+
+def test_a_tiled_scatter_of_atomic_adds_writes_in_bounds(tmp_path: Path) -> None:
+    """Inductor before torch 2.14 wrote a fold's atomic adds out of bounds in a kernel tiled in two dimensions (the heap
+    corrupted, the process aborted: pytorch/pytorch#191837); CPU codegen applies the fix where that torch lacks it. Run
+    in a process of its own, with an Inductor cache of its own (a cached kernel would skip codegen)."""
+    import subprocess
+
+    run = subprocess.run(
+        [sys.executable, "-c", FOLD],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "equal", run.stderr[-2000:]

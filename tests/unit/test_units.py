@@ -30,7 +30,8 @@ import torch
 
 from shimgen.build.meson import first_error as meson_first_error
 from shimgen.build.meson import unit_name
-from shimgen.errors import UserError
+from shimgen.build.process import Completed
+from shimgen.errors import BuildError, UserError
 from shimgen.files import write_if_changed
 from shimgen.inductor.codegen import (
     FUSED_NAME_LIMIT,
@@ -1874,3 +1875,25 @@ def test_the_header_a_custom_op_source_includes_first_is_found_where_it_is_torch
         source = tmp_path / f"ops{k}.cpp"
         source.write_text(text)
         assert first_torch_header(source, ("/nonexistent", str(torch_include))) == want, text
+
+
+def test_a_package_that_crashes_in_its_check_is_named_with_what_it_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package the build's check ran into an abort (heap corruption, say) fails the build with the case it crashed
+    in and the last line it wrote, and is removed."""
+
+    def crashing(entry: str, args: list[str], **_: object) -> Completed:
+        Path(args[2]).write_text(json.dumps({"running": "graph[0] (model, cpu) at smallest (batch=1)"}))
+        return Completed(("python",), -6, "calling\ndouble free or corruption (!prev)\n", None)
+
+    staging = tmp_path / "site.new"
+    staging.mkdir()
+    monkeypatch.setattr(package_wheel, "run_python", crashing)
+    with pytest.raises(BuildError) as raised:
+        package_wheel._check(staging, "demo", (), None, None)
+    assert str(raised.value).endswith(
+        "the built package 'demo' crashed with signal 6 (double free or corruption (!prev)) at graph[0] (model, cpu) at "
+        "smallest (batch=1); the previous package is left in place"
+    )
+    assert not staging.exists()
