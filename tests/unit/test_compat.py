@@ -366,6 +366,7 @@ print("equal")
 """
 
 
+@pytest.mark.slow  # 20 s; the second leg's torch 2.14 has the fix itself
 def test_a_tiled_scatter_of_atomic_adds_writes_in_bounds(tmp_path: Path) -> None:
     """Inductor before torch 2.14 wrote a fold's atomic adds out of bounds in a kernel tiled in two dimensions (the heap
     corrupted, the process aborted: pytorch/pytorch#191837); CPU codegen applies the fix where that torch lacks it. Run
