@@ -45,6 +45,14 @@ SMALL_VISION = (
     " patch_size = 8"
 )
 
+# DeepSeek's multi-head latent attention, with experts after a first dense layer
+SMALL_LATENT = (
+    "hidden_size = 32, intermediate_size = 37, moe_intermediate_size = 48, num_hidden_layers = 2,"
+    " num_attention_heads = 4, num_key_value_heads = 4, n_routed_experts = 4, num_experts_per_tok = 2,"
+    " n_group = 1, topk_group = 1, first_k_dense_replace = 1, q_lora_rank = 16, kv_lora_rank = 16,"
+    " qk_rope_head_dim = 8, v_head_dim = 8, qk_nope_head_dim = 8, vocab_size = 99, max_position_embeddings = 64"
+)
+
 
 @dataclass(frozen=True)
 class Case:
@@ -208,14 +216,7 @@ CASES = [
         "CausalLM",
     ),
     # multi-head latent attention, and experts after a first dense layer
-    hf(
-        "deepseek_v3",
-        "hidden_size = 32, intermediate_size = 37, moe_intermediate_size = 48, num_hidden_layers = 2,"
-        " num_attention_heads = 4, num_key_value_heads = 4, n_routed_experts = 4, num_experts_per_tok = 2,"
-        " n_group = 1, topk_group = 1, first_k_dense_replace = 1, q_lora_rank = 16, kv_lora_rank = 16,"
-        " qk_rope_head_dim = 8, v_head_dim = 8, qk_nope_head_dim = 8, vocab_size = 99, max_position_embeddings = 64",
-        "CausalLM",
-    ),
+    hf("deepseek_v3", SMALL_LATENT, "CausalLM"),
     # a state-space model: transformers' reference scan (no mamba_ssm kernels) loops over the sequence in Python, which
     # fixes its length (a dynamic one is refused, saying so)
     hf(
@@ -265,14 +266,7 @@ CASES = [
     hf("doge", SMALL_DECODER, "CausalLM"),
     hf("hunyuan_v1_dense", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
     hf("jetmoe", SMALL_DECODER, "CausalLM"),
-    hf(
-        "deepseek_v2",
-        "hidden_size = 32, intermediate_size = 37, moe_intermediate_size = 48, num_hidden_layers = 2,"
-        " num_attention_heads = 4, num_key_value_heads = 4, n_routed_experts = 4, num_experts_per_tok = 2,"
-        " n_group = 1, topk_group = 1, first_k_dense_replace = 1, q_lora_rank = 16, kv_lora_rank = 16,"
-        " qk_rope_head_dim = 8, v_head_dim = 8, qk_nope_head_dim = 8, vocab_size = 99, max_position_embeddings = 64",
-        "CausalLM",
-    ),
+    hf("deepseek_v2", SMALL_LATENT, "CausalLM"),
     hf(
         "llama4_text",
         SMALL_DECODER.replace("37", "48")
