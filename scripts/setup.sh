@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
-VENV="${VENV:-.venv}"
+VENV="$(realpath -m "${VENV:-.venv}")"  # absolute: meson-python runs the venv's meson from elsewhere
 
 # torchvision's release that matches a torch release: 0.(minor + 15).patch.
 torchvision_for() { local minor patch; IFS=. read -r _ minor patch <<< "$1"; echo "0.$((minor + 15)).${patch:-0}"; }
@@ -32,7 +32,7 @@ pip+=(-c "$constraints")
 # The linter scripts/test.sh runs; pinned to a minor release, since new releases add findings.
 "${pip[@]}" "ruff>=0.17,<0.18" "mypy>=1.20,<2"
 # meson-python looks meson up on PATH unless told; the venv's is not on PATH (nothing is activated).
-MESON="$PWD/$VENV/bin/meson" NINJA="$PWD/$VENV/bin/ninja" "${pip[@]}" --no-build-isolation --no-deps --force-reinstall .
+MESON="$VENV/bin/meson" NINJA="$VENV/bin/ninja" "${pip[@]}" --no-build-isolation --no-deps --force-reinstall .
 # Byte-compiled once, on every core: pip compiles nothing above (--no-compile: it would compile serially), and where
 # PYTHONDONTWRITEBYTECODE is set, as in many container images, Python never writes what it compiles at import, so every
 # interpreter would compile torch's sources again (here: `import torch` 4.0 s against 1.6 s, a build server's imports
