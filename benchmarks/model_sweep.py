@@ -307,6 +307,45 @@ CASES = [
         inputs=TEXT.replace('"seq"', "16"),
         dims=BATCH,
     ),
+    hf(
+        "bamba",
+        SMALL_DECODER + ", mamba_n_heads = 4, mamba_d_head = 16, mamba_d_state = 8, mamba_n_groups = 1,"
+        " attn_layer_indices = [1], mamba_chunk_size = 16",
+        "CausalLM",
+        inputs=TEXT.replace('"seq"', "16"),
+        dims=BATCH,
+    ),
+    hf(
+        "granitemoehybrid",
+        SMALL_DECODER.replace("37", "48") + ", shared_intermediate_size = 48, num_local_experts = 4,"
+        " num_experts_per_tok = 2, mamba_n_heads = 4, mamba_d_head = 16, mamba_d_state = 8, mamba_n_groups = 1,"
+        ' layer_types = ["mamba", "attention"], mamba_chunk_size = 16',
+        "CausalLM",
+        inputs=TEXT.replace('"seq"', "16"),
+        dims=BATCH,
+    ),
+    hf("glm", SMALL_DECODER + ", head_dim = 8, pad_token_id = 0", "CausalLM"),
+    hf(
+        "gemma3n_text",
+        SMALL_DECODER.replace("intermediate_size = 37", "intermediate_size = [37, 37]")
+        + ", head_dim = 8, laurel_rank = 4, altup_num_inputs = 2, hidden_size_per_layer_input = 8,"
+        ' vocab_size_per_layer_input = 99, num_kv_shared_layers = 0, sliding_window = 16,'
+        ' layer_types = ["sliding_attention", "full_attention"], activation_sparsity_pattern = [0.0, 0.0]',
+        "CausalLM",
+    ),
+    hf(
+        "dbrx",
+        "d_model = 32, n_heads = 4, n_layers = 2, max_seq_len = 64, vocab_size = 99,"
+        " attn_config = { kv_n_heads = 2, rope_theta = 10000.0, clip_qkv = 8.0 },"
+        " ffn_config = { ffn_hidden_size = 48, moe_num_experts = 4, moe_top_k = 2 }",
+        "CausalLM",
+    ),
+    hf(
+        "dots1",
+        SMALL_DECODER + ", head_dim = 8, n_routed_experts = 4, num_experts_per_tok = 2, moe_intermediate_size = 48,"
+        " first_k_dense_replace = 1, n_shared_experts = 1, n_group = 1, topk_group = 1",
+        "CausalLM",
+    ),
     hf("gptj", "n_embd = 32, n_layer = 2, n_head = 4, rotary_dim = 4, n_positions = 64, vocab_size = 99", "CausalLM"),
     hf(
         "codegen",
