@@ -329,7 +329,7 @@ CASES = [
         "gemma3n_text",
         SMALL_DECODER.replace("intermediate_size = 37", "intermediate_size = [37, 37]")
         + ", head_dim = 8, laurel_rank = 4, altup_num_inputs = 2, hidden_size_per_layer_input = 8,"
-        ' vocab_size_per_layer_input = 99, num_kv_shared_layers = 0, sliding_window = 16,'
+        " vocab_size_per_layer_input = 99, num_kv_shared_layers = 0, sliding_window = 16,"
         ' layer_types = ["sliding_attention", "full_attention"], activation_sparsity_pattern = [0.0, 0.0]',
         "CausalLM",
     ),

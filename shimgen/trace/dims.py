@@ -32,6 +32,8 @@ _GUARD_FAILED = re.compile(r"Guard failed: (.*?)\.?$", re.M)
 _EQUAL_FIX = re.compile(r"^\s*(\w+) = (\w+)\s*$", re.M)
 # torch appends its next message to a violation's guard without a line break
 _GLUED = re.compile(r"\.?(?:Specializations unexpectedly required|Constraints violated) \(.*$")
+# where torch.export met a branch or loop on a tensor's values: the user's call, then its line of code
+_RAISED_AT = re.compile(r"The following call raised this error:\n\s*File \"(.*?)\", line (\d+), in \w+\n\s*(.*)")
 _MADE_CONSTANT = re.compile(r"You marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)")
 
 
@@ -61,16 +63,18 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
         with internals.backed_size_oblivious():
             return torch.export.export(module, tuple(inputs), dynamic_shapes=(dynamic,))
     except Exception as exc:
-        raise _spec_error(exc, graph, where) from None
+        raise _spec_error(exc, graph, where, module) from None
 
 
-def _spec_error(exc: Exception, graph: Graph, where: str) -> SpecError:
+def _spec_error(exc: Exception, graph: Graph, where: str, module: Any = None) -> SpecError:
     text = str(exc)
     violations = _VIOLATION.findall(text)
     name = _spec_dim(violations[0][0]) if violations else ""
     if name not in graph.dims:
-        return _made_constant(text, graph, where) or SpecError(
-            "", where, f"torch.export failed: {_first_lines(exc, graph)}"
+        return (
+            _made_constant(text, graph, where)
+            or _data_dependent(exc, module, where)
+            or SpecError("", where, f"torch.export failed: {_first_lines(exc, graph)}")
         )
     raw = _GLUED.sub("", violations[0][1])
     guard = _readable(raw, graph)
@@ -85,6 +89,27 @@ def _spec_error(exc: Exception, graph: Graph, where: str) -> SpecError:
             f"'{name}' (one graph for each size you need), or change the model",
         )
     return range_error(graph, where, name, guard, _suggested_fix(text, name, graph) or _bound_fix(guard, graph))
+
+
+def _data_dependent(exc: Exception, module: Any, where: str) -> SpecError | None:
+    """A branch, loop or size that depends on a tensor's values, which one exported program cannot hold: where it is in
+    the model's code, without torch's advice to its own developers."""
+    if not any(t.__name__ == "GuardOnDataDependentSymNode" for t in type(exc).__mro__):
+        return None
+    found = _RAISED_AT.search(str(exc))
+    at = f" at {found[1]}:{found[2]} (`{found[3].strip()}`)" if found else ""
+    model = getattr(module, "model", module)  # the user's, inside the module that takes the spec's inputs
+    refused = ""
+    if getattr(type(model), "_can_compile_fullgraph", None) is False:
+        refused = f" transformers marks {type(model).__name__} as not compilable as one graph, for this reason."
+    return SpecError(
+        "",
+        where,
+        f"torch.export cannot trace the model: its code{at} branches, loops or sizes a tensor on values the inputs "
+        f"compute (torch: {str(exc).splitlines()[0].strip()}), and an exported program is one sequence of operations "
+        f"for every input.{refused} Rewrite that code without control flow on tensor values (masks, torch.where, "
+        "torch.cond)",
+    )
 
 
 _ARITHMETIC: dict[type, Callable[..., Any]] = {

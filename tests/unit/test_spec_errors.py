@@ -658,6 +658,29 @@ def test_a_condition_every_size_meets_but_torch_cannot_prove_is_said_so(tmp_path
     )
 
 
+class ExpertsHit(torch.nn.Module):
+    """A loop over the experts that some token chose, as transformers' DBRX routes: its count depends on the values."""
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        x = tensors[0]
+        hit = (x.argmax(-1).bincount(minlength=8) > 0).nonzero()
+        return sum((x[:, int(k)] for k in hit), torch.zeros(x.shape[0]))
+
+
+def test_a_loop_over_a_tensors_values_is_named_at_its_line(tmp_path: Path) -> None:
+    from shimgen.trace import dims as trace_dims
+
+    spec = tmp_path / "experts.toml"
+    spec.write_text(PROJECT + GOOD_GRAPH)
+    graph = load_spec(spec).graph[0]
+    with pytest.raises(SpecError) as raised:
+        trace_dims.export(ExpertsHit(), [torch.randn(2, 32)], graph, "graph[0]")
+    message = raised.value.message
+    assert message.startswith(f"torch.export cannot trace the model: its code at {__file__}:")
+    assert "(`return sum((x[:, int(k)] for k in hit), torch.zeros(x.shape[0]))`) branches, loops" in message
+    assert "guard_or_false" not in message and "TORCHDYNAMO" not in message and "\n" not in message
+
+
 TALKING_HEADS = """import torch
 from torch import nn
 
