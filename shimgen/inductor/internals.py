@@ -139,6 +139,22 @@ def specialized_sizes(program: Any) -> list[tuple[str, int, int, str]]:
     return fixed
 
 
+def input_size_ranges(program: Any) -> dict[tuple[int, int], tuple[int, int]]:
+    """The range the program takes of each dynamic size of its user inputs: (input, axis) -> (lower, upper)."""
+    user_inputs = program.graph_signature.user_inputs
+    ranges = {}
+    for node in program.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if node.name not in user_inputs or not hasattr(value, "shape"):
+            continue
+        for axis, size in enumerate(value.shape):
+            expr = getattr(getattr(size, "node", None), "expr", None)
+            if expr is not None and expr in program.range_constraints:
+                bounds = program.range_constraints[expr]
+                ranges[(user_inputs.index(node.name), axis)] = (int(bounds.lower), int(bounds.upper))
+    return ranges
+
+
 def saved_program_json(path: Path) -> bytes:
     """A program saved by torch.export.save: its graph, signature and tensor metadata as the archive holds them (the
     weights are files of their own), read back instead of serializing the program a second time."""

@@ -54,16 +54,58 @@ def export_dims(graph: Graph) -> dict[str, Any]:
 
 
 def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
-    """torch.export.export with the spec's dynamic dims, each range held whole (backed size-oblivious)."""
+    """torch.export.export with the spec's dynamic dims, each range held whole (backed size-oblivious).
+
+    Where torch cannot prove a condition the code depends on (`(3*b - 1) // b == 2` of a batch concatenated and
+    chunked again), though every size of the range meets it, the dim is exported again as a hint of the same range,
+    under which torch keeps the condition without proving it; the program must then take the whole range."""
     import torch
 
     dims = export_dims(graph)
-    dynamic = tuple({k: dims[s] for k, s in enumerate(inp.shape) if isinstance(s, str)} for inp in graph.inputs)
     try:
-        with internals.backed_size_oblivious():
-            return torch.export.export(module, tuple(inputs), dynamic_shapes=(dynamic,))
+        return _export(module, inputs, graph, dims)
     except Exception as exc:
+        proven = _met_throughout(str(exc), graph)
+        if proven:
+            hinted = {
+                name: torch.export.Dim.DYNAMIC(min=graph.dims[name].min, max=graph.dims[name].max) for name in proven
+            }
+            try:
+                program = _export(module, inputs, graph, {**dims, **hinted})
+            except Exception:
+                program = None
+            if program is not None and _takes_every_range(program, graph):
+                return program
         raise _spec_error(exc, graph, where, module) from None
+
+
+def _export(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) -> Any:
+    import torch
+
+    dynamic = tuple({k: dims[s] for k, s in enumerate(inp.shape) if isinstance(s, str)} for inp in graph.inputs)
+    with internals.backed_size_oblivious():
+        return torch.export.export(module, tuple(inputs), dynamic_shapes=(dynamic,))
+
+
+def _met_throughout(text: str, graph: Graph) -> set[str]:
+    """The dims of torch's unproven conditions where each condition is met at every size of its dim's range; none
+    unless all of them are."""
+    violations = _VIOLATION.findall(text)
+    names = {_spec_dim(exported) for exported, _ in violations}
+    if not violations or not names <= graph.dims.keys() or any(graph.dims[n].multiple_of != 1 for n in names):
+        return set()
+    if all(_holds_throughout(_GLUED.sub("", guard), graph, _spec_dim(exported)) for exported, guard in violations):
+        return names
+    return set()
+
+
+def _takes_every_range(program: Any, graph: Graph) -> bool:
+    ranges = internals.input_size_ranges(program)
+    for i, inp in enumerate(graph.inputs):
+        for axis, size in enumerate(inp.shape):
+            if isinstance(size, str) and ranges.get((i, axis)) != (graph.dims[size].min, graph.dims[size].max):
+                return False
+    return True
 
 
 def _spec_error(exc: Exception, graph: Graph, where: str, module: Any = None) -> SpecError:

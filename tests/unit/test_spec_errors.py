@@ -622,10 +622,21 @@ class Chunks(torch.nn.Module):
         return torch.cat([chunks[:, k].cumsum(1) for k in range(chunks.shape[1])], 1)[:, : x.shape[1]]
 
 
-def test_a_condition_every_size_meets_but_torch_cannot_prove_is_said_so(tmp_path: Path) -> None:
+class Pair(torch.nn.Module):
+    """A batch concatenated with itself and chunked again (RAFT's two frames, classifier-free guidance): torch cannot
+    prove `(3*b - 1) // b == 2` over a range, though every batch meets it."""
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        first, second = torch.cat([tensors[0], tensors[0] * 2], 0).chunk(2, 0)
+        return first - second
+
+
+def test_a_condition_every_size_meets_but_torch_cannot_prove_keeps_the_range(tmp_path: Path) -> None:
     """torch.export cannot simplify a chunked sequence's arithmetic over a range, though every size of [2, 32] fills one
-    chunk: the message says each size meets the condition (not that the range is too wide) and how to build it, and
-    leaves out what torch appends to the condition."""
+    chunk; nor a re-chunked batch's. Each is exported over its whole range and computes what the model does at every
+    size. Where that cannot be done, the message says each size meets the condition (not that the range is too wide)
+    and how to build it, and leaves out what torch appends to the condition."""
+    from shimgen.inductor import internals
     from shimgen.trace import dims as trace_dims
 
     spec = tmp_path / "dims.toml"
@@ -634,15 +645,24 @@ def test_a_condition_every_size_meets_but_torch_cannot_prove_is_said_so(tmp_path
         PROJECT + edited(chunked, "dims = { batch = { min = 1, max = 8 } }", "dims = { seq = { min = 2, max = 32 } }")
     )
     graph = load_spec(spec).graph[0]
-    with pytest.raises(SpecError) as raised:
-        trace_dims.export(Chunks(), [torch.randn(2, 17, 8)], graph, "graph[0]")
-    message = raised.value.message
-    assert raised.value.where == "graph[0].dims.seq"
-    assert (
-        message.startswith("torch.export cannot prove that every size of 'seq' in [2, 32] meets (")
-        and "x.shape[1]" in message
-    )
-    assert "Give 'seq' a fixed size" in message and "narrow the range" not in message
+    program = trace_dims.export(Chunks(), [torch.randn(2, 17, 8)], graph, "graph[0]")
+    assert internals.input_size_ranges(program) == {(0, 1): (2, 32)}
+    for size in (2, 9, 32):
+        x = torch.randn(2, size, 8)
+        torch.testing.assert_close(program.module()(x), Chunks()(x))
+
+    batch = tmp_path / "batch.toml"
+    batch.write_text(PROJECT + GOOD_GRAPH)
+    program = trace_dims.export(Pair(), [torch.randn(3, 32)], load_spec(batch).graph[0], "graph[0]")
+    assert internals.input_size_ranges(program) == {(0, 0): (1, 8)}
+    for size in (1, 2, 8):
+        x = torch.randn(size, 32)
+        torch.testing.assert_close(program.module()(x), Pair()(x))
+
+    refused = _strict_export_error(Chunks(), torch.randn(2, 17, 8), 1, 2, 32)
+    message = trace_dims._spec_error(Exception(refused), graph, "graph[0]").message
+    assert message.startswith("torch.export cannot prove that every size of 'seq' in [2, 32] meets (")
+    assert "x.shape[1]" in message and "Give 'seq' a fixed size" in message and "narrow the range" not in message
 
     glued = (
         "Constraints violated (seq)!\n  - Not all values of seq = L['tensors'][0].size()[1] in the specified range "
@@ -679,6 +699,19 @@ def test_a_loop_over_a_tensors_values_is_named_at_its_line(tmp_path: Path) -> No
     assert message.startswith(f"torch.export cannot trace the model: its code at {__file__}:")
     assert "(`return sum((x[:, int(k)] for k in hit), torch.zeros(x.shape[0]))`) branches, loops" in message
     assert "guard_or_false" not in message and "TORCHDYNAMO" not in message and "\n" not in message
+
+
+def _strict_export_error(model: torch.nn.Module, x: torch.Tensor, axis: int, low: int, high: int) -> str:
+    """What torch.export says of `model` with a Dim of [low, high] at `axis` of its input."""
+    from shimgen.inductor import internals
+
+    try:
+        with internals.backed_size_oblivious():
+            dynamic = ({axis: torch.export.Dim("seq", min=low, max=high)},)
+            torch.export.export(model, (x,), dynamic_shapes=(dynamic,))
+    except Exception as exc:
+        return str(exc)
+    return ""
 
 
 TALKING_HEADS = """import torch
