@@ -67,10 +67,8 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
     except Exception as exc:
         proven = _met_throughout(str(exc), graph)
         if proven:
-            hinted = {
-                name: torch.export.Dim.DYNAMIC(min=graph.dims[name].min, max=graph.dims[name].max) for name in proven
-            }
             try:
+                hinted = {n: torch.export.Dim.DYNAMIC(min=graph.dims[n].min, max=graph.dims[n].max) for n in proven}
                 program = _export(module, inputs, graph, {**dims, **hinted})
             except Exception:
                 program = None
