@@ -92,7 +92,7 @@ def _met_throughout(text: str, graph: Graph) -> set[str]:
     names = {_spec_dim(exported) for exported, _ in violations}
     if not violations or not names <= graph.dims.keys() or any(graph.dims[n].multiple_of != 1 for n in names):
         return set()
-    if all(_holds_throughout(_GLUED.sub("", guard), graph, _spec_dim(exported)) for exported, guard in violations):
+    if all(_holds_throughout(guard, graph, name) for name in names for guard in _guards_of(violations, name)):
         return names
     return set()
 
@@ -116,9 +116,10 @@ def _spec_error(exc: Exception, graph: Graph, where: str, module: Any = None) ->
             or _data_dependent(exc, module, where)
             or SpecError("", where, f"torch.export failed: {_first_lines(exc, graph)}")
         )
-    raw = _GLUED.sub("", violations[0][1])
+    failing = {raw: _sizes_not_meeting(raw, graph, name) for raw in _guards_of(violations, name)}
+    raw = next((raw for raw, sizes in failing.items() if sizes != []), next(iter(failing)))
     guard = _readable(raw, graph)
-    if _holds_throughout(raw, graph, name):
+    if failing[raw] == []:
         dim = graph.dims[name]
         return SpecError(
             "",
@@ -128,7 +129,21 @@ def _spec_error(exc: Exception, graph: Graph, where: str, module: Any = None) ->
             f"arithmetic over a range). Give '{name}' a fixed size: write the number in the inputs' shapes instead of "
             f"'{name}' (one graph for each size you need), or change the model",
         )
-    return range_error(graph, where, name, guard, _suggested_fix(text, name, graph) or _bound_fix(guard, graph))
+    fix = _suggested_fix(text, name, graph) or _bound_fix(guard, graph)
+    return range_error(graph, where, name, guard + _not_met_at(failing[raw], graph, name), fix)
+
+
+def _not_met_at(sizes: list[int] | None, graph: Graph, name: str) -> str:
+    """` (not met at seq = 16, 32)`, where some sizes of the range meet the condition and these do not."""
+    if not sizes or len(sizes) == len(_sizes(graph.dims[name])):
+        return ""
+    shown = ", ".join(map(str, sizes[:_MOST_SIZES_SHOWN])) + (", ..." if len(sizes) > _MOST_SIZES_SHOWN else "")
+    return f" (not met at {name} = {shown})"
+
+
+def _guards_of(violations: list[tuple[str, str]], name: str) -> list[str]:
+    """torch's violated conditions on the spec's dim `name`, in its order, without what torch glues to them."""
+    return [_GLUED.sub("", guard) for exported, guard in violations if _spec_dim(exported) == name]
 
 
 def _data_dependent(exc: Exception, module: Any, where: str) -> SpecError | None:
@@ -167,27 +182,38 @@ _ARITHMETIC: dict[type, Callable[..., Any]] = {
     ast.GtE: operator.ge,
 }
 _MOST_SIZES_TRIED = 100_000
+_MOST_SIZES_SHOWN = 6
 
 
 def _holds_throughout(guard: str, graph: Graph, name: str) -> bool:
     """Whether torch's `guard`, integer arithmetic over sizes of the dim `name` alone, is true at every size of its
     declared range."""
+    return _sizes_not_meeting(guard, graph, name) == []
+
+
+def _sizes_not_meeting(guard: str, graph: Graph, name: str) -> list[int] | None:
+    """The sizes of the dim `name`'s declared range at which torch's `guard` is false; None where the guard is not
+    integer arithmetic over sizes of that dim alone."""
     refs = _SIZE.findall(guard)
     if not refs or any(_dim_at(graph, graph.inputs[int(i)].name, int(axis)) != name for i, axis in refs):
-        return False
-    dim = graph.dims[name]
-    sizes = range(-(-dim.min // dim.multiple_of) * dim.multiple_of, dim.max + 1, dim.multiple_of)
+        return None
+    sizes = _sizes(graph.dims[name])
     if len(sizes) > _MOST_SIZES_TRIED:
-        return False
+        return None
     try:
         tree = ast.parse(_SIZE.sub("size", guard), mode="eval").body
-        return all(_evaluate(tree, size) is True for size in sizes)
+        return [size for size in sizes if _evaluate(tree, size) is not True]
     except (SyntaxError, ValueError, ZeroDivisionError):
-        return False
+        return None
+
+
+def _sizes(dim: Any) -> range:
+    return range(-(-dim.min // dim.multiple_of) * dim.multiple_of, dim.max + 1, dim.multiple_of)
 
 
 def _evaluate(node: ast.expr, size: int) -> Any:
-    """`node` of a size guard at `size`: integers, `size`, arithmetic and one comparison; ValueError for anything else."""
+    """`node` of a size guard at `size`: integers, `size`, arithmetic, min and max, one comparison, and/or of
+    comparisons; ValueError for anything else."""
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return node.value
     if isinstance(node, ast.Name) and node.id == "size":
@@ -199,6 +225,13 @@ def _evaluate(node: ast.expr, size: int) -> Any:
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _ARITHMETIC:
         left, right = _evaluate(node.left, size), _evaluate(node.comparators[0], size)
         return _ARITHMETIC[type(node.ops[0])](left, right)
+    if isinstance(node, ast.BoolOp):
+        values = [_evaluate(value, size) for value in node.values]
+        if all(isinstance(value, bool) for value in values):
+            return any(values) if isinstance(node.op, ast.Or) else all(values)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+        if not node.keywords:
+            return (min if node.func.id == "min" else max)(_evaluate(arg, size) for arg in node.args)
     raise ValueError(ast.dump(node))
 
 
@@ -311,6 +344,8 @@ def _suggested_fix(text: str, name: str, graph: Graph) -> str:
     if name in bounds:
         new_min = int(bounds[name].get("min", dim.min))
         new_max = int(bounds[name].get("max", dim.max))
+        if (new_min, new_max) == (dim.min, dim.max):  # torch leaves out a min of 2, its own default
+            return ""
         extra = f", multiple_of = {dim.multiple_of}" if dim.multiple_of > 1 else ""
         return f"dims.{name} = {{ min = {new_min}, max = {new_max}{extra} }}"
     for target, other in _EQUAL_FIX.findall(fixes):

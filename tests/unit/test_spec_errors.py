@@ -12,7 +12,7 @@ from conftest import edited
 
 from shimgen.commands.cli import main
 from shimgen.errors import SpecError, UserError
-from shimgen.spec import load_spec
+from shimgen.spec import Graph, load_spec
 from shimgen.toolchain.cuda import CudaToolchain, detect_cuda
 
 GOOD_GRAPH = """
@@ -24,6 +24,10 @@ dims = { batch = { min = 1, max = 8 } }
 """
 PROJECT = '[project]\nname = "demo"\n'
 DTYPES = "float32, float64, float16, bfloat16, int64, int32, int16, int8, uint8, bool"
+TOKENS = (
+    '[{ name = "ids", shape = ["batch", "seq"], dtype = "int64", high = 99 },'
+    ' { name = "mask", shape = ["batch", "seq"], dtype = "int64", low = 1, high = 2 }]'
+)
 INT64 = "does not fit in 64 bits: TOML integers go from -2**63 to 2**63 - 1"
 
 
@@ -676,6 +680,72 @@ def test_a_condition_every_size_meets_but_torch_cannot_prove_keeps_the_range(tmp
     assert error.message.startswith(
         "the model cannot take every size of 'seq' in [2, 32]: it needs (x.shape[1] // 4) == 0"
     )
+
+
+class HybridDecoder(torch.nn.Module):
+    """transformers' Bamba from a small config (Mamba-2 layers scanning chunks of 16, one attention layer), called as
+    shimgen's trace calls a model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        config = transformers.AutoConfig.for_model(
+            "bamba",
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=37,
+            vocab_size=99,
+            max_position_embeddings=64,
+            mamba_n_heads=4,
+            mamba_d_head=16,
+            mamba_d_state=8,
+            mamba_n_groups=1,
+            attn_layer_indices=[1],
+            mamba_chunk_size=16,
+            use_cache=False,
+        )
+        self.model = transformers.AutoModelForCausalLM.from_config(config).eval()
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.model(tensors[0], attention_mask=tensors[1]).logits
+
+
+def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range_it_can(tmp_path: Path) -> None:
+    """Bamba pads its sequence to whole chunks of 16, a path that a sequence of whole chunks does not take. Over [2, 32]
+    torch's suggested fixes assert ("Cannot create Dim with inconsistent min=2, max=2") before listing the conditions:
+    the message names the one some sizes fail, and those sizes. Over [17, 31] torch's conditions (an `or`, `min(...)`)
+    hold at every size: the range is kept, and the program equals the model at every size tried."""
+    pytest.importorskip("transformers", reason="the test builds transformers' Bamba")
+    from shimgen.inductor import internals
+    from shimgen.trace import dims as trace_dims
+
+    def graph(seq: str) -> Graph:
+        spec = tmp_path / "bamba.toml"
+        text = edited(GOOD_GRAPH, '[{ name = "x", shape = ["batch", 32] }]', TOKENS)
+        spec.write_text(PROJECT + edited(text, "{ min = 1, max = 8 }", f"{{ min = 2, max = 4 }}, seq = {seq}"))
+        return load_spec(spec).graph[0]
+
+    torch.manual_seed(0)
+    model = HybridDecoder()
+    ids = torch.randint(0, 99, (2, 17))
+    with pytest.raises(SpecError) as raised:
+        trace_dims.export(model, [ids, torch.ones_like(ids)], graph("{ min = 2, max = 32 }"), "graph[0]")
+    assert raised.value.where == "graph[0].dims.seq"
+    message = raised.value.message
+    assert (
+        message.startswith("the model cannot take every size of 'seq' in [2, 32]: it needs (") and "Dim" not in message
+    )
+    assert "(not met at seq = 16, 32); narrow the range" in message
+
+    program = trace_dims.export(model, [ids, torch.ones_like(ids)], graph("{ min = 17, max = 31 }"), "graph[0]")
+    assert internals.input_size_ranges(program) == {(0, 0): (2, 4), (0, 1): (17, 31), (1, 0): (2, 4), (1, 1): (17, 31)}
+    with torch.no_grad():
+        for batch, seq in ((2, 17), (3, 24), (4, 31)):
+            ids = torch.randint(0, 99, (batch, seq))
+            torch.testing.assert_close(program.module()(ids, torch.ones_like(ids)), model(ids, torch.ones_like(ids)))
 
 
 class ExpertsHit(torch.nn.Module):
