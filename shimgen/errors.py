@@ -36,3 +36,7 @@ class SpecErrors(UserError):
 
 class BuildError(UserError):
     """A failed build step (compiler, Meson, packaging), with the part of its log that matters."""
+
+
+class MismatchError(BuildError):
+    """A built package that does not compute what its traced program does."""

@@ -32,7 +32,7 @@ from shimgen.cache.history import History
 from shimgen.cache.shared_cache import SharedCache
 from shimgen.cache.state import Result, State
 from shimgen.commands import matrix
-from shimgen.errors import SpecError, SpecErrors, UserError
+from shimgen.errors import MismatchError, SpecError, SpecErrors, UserError
 from shimgen.files import LockHeld, exclusive, file_hash, shimgen_fingerprint, stage_key
 from shimgen.inductor import codegen, lockfile, weights
 from shimgen.package import cpp, verify
@@ -1228,9 +1228,11 @@ def _package(
                 external if job.spec.flags.weights == "external" else None,
                 beside=stage_cpp if staged else None,
             )
-        except BaseException:
+        except BaseException as exc:
             if staged:
                 staged.discard()
+            if isinstance(exc, MismatchError) and _used_onednn(job.spec):
+                raise MismatchError(f"{exc}. {ONEDNN_MISMATCH}") from None
             raise
     _record_checked(job, units, packaged)
     job.state.commit("package", packaged)
@@ -1239,6 +1241,17 @@ def _package(
     made = staged.commit()
     job.state.commit("cpp", made)
     return packaged, made
+
+
+ONEDNN_MISMATCH = (
+    "This build let Inductor hand convolutions and linear layers to oneDNN, whose fusions compute otherwise for some "
+    "graphs (torch 2.13 fuses a convolution and an add in place into a tensor that a later kernel still reads, as in "
+    "torchvision's RAFT): `[flags] onednn = false` builds without them"
+)
+
+
+def _used_onednn(spec: ProjectSpec) -> bool:
+    return spec.flags.freezing and any(codegen.uses_onednn(t, spec.flags) for t in spec.target)
 
 
 def _cpp_package(job: Job, packaged: PackageResult, archive: str) -> CppPackageResult:

@@ -46,7 +46,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from shimgen.build.meson import ZIP_EPOCH, install_plan, source_date_epoch
 from shimgen.build.process import run_python
-from shimgen.errors import BuildError
+from shimgen.errors import BuildError, MismatchError
 from shimgen.files import replace_dir
 from shimgen.inductor import weights
 from shimgen.package import manylinux, verify
@@ -267,7 +267,7 @@ def _check(
             f"the built package '{name}' does not import{crash}; {kept}: {report.failure.removeprefix('import: ') or checked.tail(1)}"
         )
     if report.failure:
-        raise BuildError(
+        raise MismatchError(
             f"the built package '{name}' does not compute what its traced program does; {kept}: {report.failure}"
         )
     said = f" ({checked.tail(1)})" if checked.signal and checked.tail(1) else ""
