@@ -427,11 +427,17 @@ def check_smallest(
         if w.shape != g.shape or not torch.allclose(
             g.double(), w.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True
         ):
+            if w.shape != g.shape:
+                how = f"shape {list(g.shape)}, eager's {list(w.shape)}"
+            else:
+                error = (g.double() - w.double()).abs().nan_to_num(float("inf")).max().item()
+                how = f"max abs error {error:.3g}; atol {graph.atol:g}, rtol {graph.rtol:g}"
             raise SpecError(
                 "",
                 f"{where}.dims",
-                f"at the smallest sizes ({label}) the traced model's output {k} differs from "
-                "eager: the model behaves differently there than at the example sizes; raise the dims' min",
+                f"at the smallest sizes ({label}) the traced model's output {k} differs from eager ({how}): the model "
+                "behaves differently there than at the example sizes; raise the dims' min (or atol and rtol, where "
+                "the difference is rounding)",
             )
     eager_state = model_initial.tensors
     for name in mutated:

@@ -748,6 +748,38 @@ def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range
             torch.testing.assert_close(program.module()(ids, torch.ones_like(ids)), model(ids, torch.ones_like(ids)))
 
 
+class Counting(torch.nn.Module):
+    """Scales by how often it was called (a count torch.export does not restore): the trace bakes in its own count, and
+    eager at the smallest sizes differs."""
+
+    calls = [0]
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        self.calls[0] += 1
+        return tensors[0] * self.calls[0]
+
+
+def test_a_model_that_computes_otherwise_at_the_smallest_sizes_says_by_how_much(tmp_path: Path) -> None:
+    from shimgen.trace import dims as trace_dims
+    from shimgen.trace.export import Saved
+
+    spec = tmp_path / "counting.toml"
+    spec.write_text(PROJECT + GOOD_GRAPH)
+    graph = load_spec(spec).graph[0]
+    model = Counting()
+    program = trace_dims.export(model, [torch.ones(4, 32)], graph, "graph[0]")
+    with pytest.raises(SpecError) as raised:
+        trace_dims.check_smallest(program, model, graph, "graph[0]", "cpu", Saved({}), Saved({}), ())
+    assert raised.value.where == "graph[0].dims"
+    assert raised.value.message.startswith(
+        "at the smallest sizes (batch=1) the traced model's output 0 differs from eager (max abs error "
+    )
+    assert raised.value.message.endswith(
+        f"; atol {graph.atol:g}, rtol {graph.rtol:g}): the model behaves differently there than at the example sizes; "
+        "raise the dims' min (or atol and rtol, where the difference is rounding)"
+    )
+
+
 class ExpertsHit(torch.nn.Module):
     """A loop over the experts that some token chose, as transformers' DBRX routes: its count depends on the values."""
 
