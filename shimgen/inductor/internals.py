@@ -131,49 +131,49 @@ def specialized_sizes(program: Any) -> list[tuple[str, int, int, str]]:
     shape_env = getattr(fake_mode, "shape_env", None)
     if shape_env is None:
         return []
-    user_inputs = set(program.graph_signature.user_inputs)
     fixed = []
-    for node in program.graph.find_nodes(op="placeholder"):
-        value = node.meta.get("val")
-        if node.name not in user_inputs or not hasattr(value, "shape"):
+    for name, _, axis, size in _input_sizes(program):
+        symbolic = getattr(size, "node", None)
+        expr = getattr(symbolic, "_expr", None)  # as traced: `expr` has the replacements applied
+        if expr is None or not expr.free_symbols:
             continue
-        for axis, size in enumerate(value.shape):
-            symbolic = getattr(size, "node", None)
-            expr = getattr(symbolic, "_expr", None)  # as traced: `expr` has the replacements applied
-            if expr is None or not expr.free_symbols:
-                continue
-            replaced = shape_env.replace(expr)
-            symbols = expr.free_symbols
-            ranges = [program.range_constraints.get(symbol) for symbol in symbols]
-            # Inductor compiles a dynamic size for 2 and up: a range of [1, 2] leaves it the size 2 alone, rightly
-            if not replaced.is_number or all(r is not None and max(int(r.lower), 2) >= r.upper for r in ranges):
-                continue
-            guard = next(
-                (
-                    f"{g.expr}, added {getattr(g, 'sloc', 'by Inductor')}"
-                    for g in getattr(shape_env, "guards", ())
-                    if isinstance(g.expr, sympy.Eq) and g.expr.free_symbols & symbols
-                ),
-                "",
-            )
-            fixed.append((node.name, axis, int(replaced), guard))
+        replaced = shape_env.replace(expr)
+        symbols = expr.free_symbols
+        ranges = [program.range_constraints.get(symbol) for symbol in symbols]
+        # Inductor compiles a dynamic size for 2 and up: a range of [1, 2] leaves it the size 2 alone, rightly
+        if not replaced.is_number or all(r is not None and max(int(r.lower), 2) >= r.upper for r in ranges):
+            continue
+        guard = next(
+            (
+                f"{g.expr}, added {getattr(g, 'sloc', 'by Inductor')}"
+                for g in getattr(shape_env, "guards", ())
+                if isinstance(g.expr, sympy.Eq) and g.expr.free_symbols & symbols
+            ),
+            "",
+        )
+        fixed.append((name, axis, int(replaced), guard))
     return fixed
 
 
 def input_size_ranges(program: Any) -> dict[tuple[int, int], tuple[int, int]]:
     """The range the program takes of each dynamic size of its user inputs: (input, axis) -> (lower, upper)."""
-    user_inputs = program.graph_signature.user_inputs
     ranges = {}
+    for _, index, axis, size in _input_sizes(program):
+        expr = getattr(getattr(size, "node", None), "expr", None)
+        if expr is not None and expr in program.range_constraints:
+            bounds = program.range_constraints[expr]
+            ranges[(index, axis)] = (int(bounds.lower), int(bounds.upper))
+    return ranges
+
+
+def _input_sizes(program: Any) -> Iterator[tuple[str, int, int, Any]]:
+    """Each size of the program's user input tensors, as traced: (placeholder name, input index, axis, size)."""
+    user_inputs = list(program.graph_signature.user_inputs)
     for node in program.graph.find_nodes(op="placeholder"):
         value = node.meta.get("val")
-        if node.name not in user_inputs or not hasattr(value, "shape"):
-            continue
-        for axis, size in enumerate(value.shape):
-            expr = getattr(getattr(size, "node", None), "expr", None)
-            if expr is not None and expr in program.range_constraints:
-                bounds = program.range_constraints[expr]
-                ranges[(user_inputs.index(node.name), axis)] = (int(bounds.lower), int(bounds.upper))
-    return ranges
+        if node.name in user_inputs and hasattr(value, "shape"):
+            for axis, size in enumerate(value.shape):
+                yield node.name, user_inputs.index(node.name), axis, size
 
 
 def saved_program_json(path: Path) -> bytes:
