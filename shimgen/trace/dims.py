@@ -134,11 +134,10 @@ def _spec_error(exc: Exception, graph: Graph, where: str, module: Any = None) ->
 
 
 def _not_met_at(sizes: list[int] | None, graph: Graph, name: str) -> str:
-    """` (not met at seq = 16, 32)`, where some sizes of the range meet the condition and these do not."""
-    if not sizes or len(sizes) == len(_sizes(graph.dims[name])):
+    """` (not met at seq = 16, 32)`, where a few sizes of the range fail the condition."""
+    if not sizes or len(sizes) > _MOST_SIZES_SHOWN or len(sizes) == len(_sizes(graph.dims[name])):
         return ""
-    shown = ", ".join(map(str, sizes[:_MOST_SIZES_SHOWN])) + (", ..." if len(sizes) > _MOST_SIZES_SHOWN else "")
-    return f" (not met at {name} = {shown})"
+    return f" (not met at {name} = {', '.join(map(str, sizes))})"
 
 
 def _guards_of(violations: list[tuple[str, str]], name: str) -> list[str]:
