@@ -117,7 +117,8 @@ def _spec_error(exc: Exception, graph: Graph, where: str, module: Any = None) ->
             or SpecError("", where, f"torch.export failed: {_first_lines(exc, graph)}")
         )
     failing = {raw: _sizes_not_meeting(raw, graph, name) for raw in _guards_of(violations, name)}
-    raw = next((raw for raw, sizes in failing.items() if sizes != []), next(iter(failing)))
+    # a condition some sizes fail, else one that could not be evaluated, else one every size meets
+    raw = min(failing, key=lambda raw: 0 if failing[raw] else 1 if failing[raw] is None else 2)
     guard = _readable(raw, graph)
     if failing[raw] == []:
         dim = graph.dims[name]
@@ -182,6 +183,7 @@ _ARITHMETIC: dict[type, Callable[..., Any]] = {
 }
 _MOST_SIZES_TRIED = 100_000
 _MOST_SIZES_SHOWN = 6
+_MIN_MAX: dict[str, Callable[..., Any]] = {"min": min, "max": max, "torch.sym_min": min, "torch.sym_max": max}
 
 
 def _holds_throughout(guard: str, graph: Graph, name: str) -> bool:
@@ -228,9 +230,8 @@ def _evaluate(node: ast.expr, size: int) -> Any:
         values = [_evaluate(value, size) for value in node.values]
         if all(isinstance(value, bool) for value in values):
             return any(values) if isinstance(node.op, ast.Or) else all(values)
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
-        if not node.keywords:
-            return (min if node.func.id == "min" else max)(_evaluate(arg, size) for arg in node.args)
+    if isinstance(node, ast.Call) and not node.keywords and ast.unparse(node.func) in _MIN_MAX:
+        return _MIN_MAX[ast.unparse(node.func)](_evaluate(arg, size) for arg in node.args)
     raise ValueError(ast.dump(node))
 
 
