@@ -67,7 +67,7 @@ def backed_size_oblivious() -> Iterator[None]:
 def _report_unphrasable_fixes() -> None:
     """torch.export phrases a fix for a derived dim with a root dim of its own (`seq = 16*_seq - 15`), and asserts
     where that root's range is one size ("Cannot create Dim with inconsistent min=2, max=2"), which hides the
-    violated conditions it was about to report. Installed once: such a root is left out of the suggested fixes."""
+    violated conditions it was about to report. Installed once: torch's suggested fixes are then left as they stand."""
     from torch.fx.experimental.symbolic_shapes import DimConstraints
 
     process = getattr(DimConstraints, "_process_derived_dim_roots", None)

@@ -18,7 +18,7 @@ from typing import Any
 from shimgen.errors import SpecError
 from shimgen.inductor import internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
-from shimgen.spec import Graph
+from shimgen.spec import Dim, Graph
 from shimgen.trace.entry import call_model, make_inputs
 
 _SIZE = re.compile(r"(?:L\['tensors'\]\[|\btensors_)(\d+)\]?\.size\(\)\[(\d+)\]")
@@ -208,7 +208,7 @@ def _sizes_not_meeting(guard: str, graph: Graph, name: str) -> list[int] | None:
         return None
 
 
-def _sizes(dim: Any) -> range:
+def _sizes(dim: Dim) -> range:
     return range(-(-dim.min // dim.multiple_of) * dim.multiple_of, dim.max + 1, dim.multiple_of)
 
 
