@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from common import REPO, Report
@@ -432,6 +432,13 @@ CASES = [
         inputs=PIXELS,
         dims=BATCH,
     ),
+]
+# the chunked scans again over a dynamic sequence ("+seq"): padded to whole chunks, the range below one chunk's length
+SCANS = ("mamba2", "qwen3_next", "falcon_h1", "bamba", "granitemoehybrid")
+CASES += [
+    replace(case, name=f"{case.name}+seq", inputs=TEXT, dims=BATCH_SEQ)
+    for case in CASES
+    if case.name.removeprefix("transformers:").partition("/")[0] in SCANS
 ]
 
 
