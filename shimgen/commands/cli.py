@@ -32,6 +32,16 @@ from shimgen.toolchain.cuda import detect_cuda, torch_cuda_version
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:  # whoever read the output stopped reading (`shimgen build ... | head`): no crash of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, sys.stderr.fileno())  # else Python's flush at exit reports the pipe again
+        return 141  # as a shell reports a command that SIGPIPE ended
+
+
+def _main(argv: list[str] | None) -> int:
     if argv is None and sys.argv[1:2] in (["build"], ["check"]):  # the command line's, not a caller's in this process
         handed = server.hand_over(sys.argv[1:])
         if handed is not None:
@@ -55,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shimgen: interrupted; previous outputs are left as they were", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise
     except SystemExit as exc:  # shimgen's commands never exit: the project's code did, while imported or run
         _error(_project_exit(exc, getattr(args, "spec", None)))
         return 2

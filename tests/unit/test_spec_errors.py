@@ -915,6 +915,27 @@ def test_cli_usage_error_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "invalid choice: 'bulid'" in capsys.readouterr().err
 
 
+def test_output_nobody_reads_ends_quietly(tmp_path: Path) -> None:
+    """stderr a closed pipe (`shimgen build ... 2>&1 | head`, a parent that went away): shimgen exits as SIGPIPE would
+    have ended it, with no traceback and no crash report."""
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        ended = subprocess.run(
+            [sys.executable, "-m", "shimgen", "build", str(tmp_path / "missing.toml")],
+            stdout=write,
+            stderr=write,
+            env={**os.environ, "TMPDIR": str(tmp_path), "SHIMGEN_SERVER": "off"},  # the build in this process
+        )
+    finally:
+        os.close(write)
+    assert ended.returncode == 141
+    assert not list(tmp_path.glob("shimgen-crash-*"))
+
+
 CUDA_SPEC = PROJECT + GOOD_GRAPH + '[[target]]\ndevice = "cpu"\n[[target]]\ndevice = "cuda"\narchs = ["ARCH"]\n'
 
 
