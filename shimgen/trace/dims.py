@@ -92,7 +92,7 @@ def _met_throughout(text: str, graph: Graph) -> set[str]:
     names = {_spec_dim(exported) for exported, _ in violations}
     if not violations or not names <= graph.dims.keys() or any(graph.dims[n].multiple_of != 1 for n in names):
         return set()
-    if all(_holds_throughout(guard, graph, name) for name in names for guard in _guards_of(violations, name)):
+    if all(_holds_throughout(_GLUED.sub("", guard), graph, _spec_dim(exported)) for exported, guard in violations):
         return names
     return set()
 
