@@ -505,7 +505,7 @@ def sweep_one(case: Case, device: str, work: Path, gpu: int | None, threads: int
     if checked.returncode != 0:
         return "check failed", first_lines(checked.stderr + checked.stdout), seconds
     notes = [f"{unit}: scalar kernels ({why[:200]})" for unit, why in scalar.items()]
-    notes += [f"{unit}: without oneDNN ({guard[:200]})" for unit, guard in onednn_off.items()]
+    notes += [f"{unit}: without oneDNN ({why[:200]})" for unit, why in onednn_off.items()]
     return "passed", "; ".join(notes), seconds
 
 

@@ -39,4 +39,9 @@ class BuildError(UserError):
 
 
 class MismatchError(BuildError):
-    """A built package that does not compute what its traced program does."""
+    """A built package that does not compute what its traced program does: where the check knows them, the case that
+    differed (`failure`) and the traced program of the code that computed it (`program`)."""
+
+    def __init__(self, message: str, failure: str = "", program: str = "") -> None:
+        super().__init__(message)
+        self.failure, self.program = failure, program

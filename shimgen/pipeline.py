@@ -55,7 +55,7 @@ from shimgen.results import (
     to_json,
     unit_name,
 )
-from shimgen.spec import Graph, ProjectSpec, Target, load_spec
+from shimgen.spec import Flags, Graph, ProjectSpec, Target, load_spec
 from shimgen.toolchain import Toolchain, entries, prebuilt, probe, warmup
 from shimgen.toolchain.cuda import CudaToolchain, check_archs, detect_cuda, torch_cuda_version
 from shimgen.trace import custom_ops, entry, variants
@@ -366,6 +366,7 @@ class Job:
     held: ExitStack  # the per-user cache's entries this build compiles against, held to its end (toolchain/entries.py)
     history: History | None  # earlier builds' code (None: --force, which reuses nothing)
     program_weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # _program_weights, by TraceResult.weights
+    fallbacks: dict[str, lockfile.Fallbacks] = field(default_factory=dict)  # by unit: what this build found it needs
 
 
 def _build(
@@ -420,7 +421,7 @@ def _build(
         references = _reference_run(job, programs, settled, codegen_ahead=True)
 
     try:
-        units = _generate_all(job, {}, traced)
+        units = _generate_all(job, traced)
         names = {name for u in units for name, _ in u.generated}
         job.state.forget_all_but("unit:", {f"unit:{kind}:{name}" for name in names for kind in ("trace", "codegen")})
         if job.history is not None:
@@ -447,9 +448,16 @@ def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: Refe
     if packaged is None:
         built = tools()
         _keep_meson_dir_if_configured_for(job, built)
-        units, project, compiled = _compiled(job, units, version, built)
-        wheel_key = _wheel_key(job, units, version)
-        packaged, cpp_package = _package(job, project, compiled, units, None if cpp_skipped else archive, references)
+        while True:
+            units, project, compiled = _compiled(job, units, version, built)
+            wheel_key = _wheel_key(job, units, version)
+            try:
+                packaged, cpp_package = _package(
+                    job, project, compiled, units, None if cpp_skipped else archive, references
+                )
+                break
+            except MismatchError as exc:
+                units = _generated_without_onednn(job, units, exc)
         if shared:
             shared.put(
                 "wheel",
@@ -615,14 +623,11 @@ def _keep_meson_dir_if_configured_for(job: Job, tools: Tools) -> None:
         job.state.commit("meson", Stamp(key=tools.key))
 
 
-def _generate_all(
-    job: Job, scalar: dict[str, str], traced_all: Callable[[list[UnitPrograms], set[str]], None] | None = None
-) -> list[Unit]:
+def _generate_all(job: Job, traced_all: Callable[[list[UnitPrograms], set[str]], None] | None = None) -> list[Unit]:
     """Every graph on every target traced and generated, its dynamic code and each specialized variant, or taken from
     the last build (or the shared cache) where up to date. The traces to make run at once in worker processes, then the
     codegens (shimgen/build/workers.py); `traced_all` is told the programs in between, and the units whose checked code
-    will most likely be kept (`_keeps_checked_code`). The units named in `scalar`, and those the lockfile says so of,
-    get CPU kernels without vectorization (why, by unit)."""
+    will most likely be kept (`_keeps_checked_code`). A unit is generated as `_fallbacks` says."""
     spec, layout, state = job.spec, job.layout, job.state
     # CPU units first: in one process, the first CPU freezing decides whether Inductor's oneDNN passes are registered.
     works = [
@@ -677,13 +682,14 @@ def _generate_all(
     for name, _, _, target, _ in works:
         section = lockfile.section(name, job.tc.torch_version)
         locked = [] if job.tuning.retune else job.tuning.locked.timings(section)
-        why = scalar.get(name) or ("" if job.tuning.retune else job.tuning.locked.scalar_kernels.get(section, ""))
+        fallbacks = _fallbacks(job, name)
+        flags, vectorize = _unit_flags(spec.flags, fallbacks), not fallbacks.scalar_kernels
         keys[name] = (
             locked,
-            why,
-            codegen.codegen_key(traced[name], target, spec.flags, locked, job.tc.torch_version, vectorize=not why),
+            fallbacks,
+            codegen.codegen_key(traced[name], target, flags, locked, job.tc.torch_version, vectorize=vectorize),
             codegen.codegen_key(
-                traced[name], target, spec.flags, locked, job.tc.torch_version, values=False, vectorize=not why
+                traced[name], target, flags, locked, job.tc.torch_version, values=False, vectorize=vectorize
             ),
         )
     if traced_all is not None:
@@ -694,7 +700,7 @@ def _generate_all(
     code: dict[str, CodegenResult] = {}
     to_generate: list[tuple[str, workers.CodegenTask]] = []
     for name, i, _, target, _ in works:
-        locked, why, key, structure = keys[name]
+        locked, fallbacks, key, structure = keys[name]
         _keep_replaced_code(job, name, key, structure)
         generated = (
             _known_codegen(job, name, traced[name], key)
@@ -706,22 +712,24 @@ def _generate_all(
             continue
         _require_gpu(spec, target)
         gpu = devices.device(target.device).gpu
+        flags = _unit_flags(spec.flags, fallbacks)
         to_generate.append(
             (
                 name,
                 workers.CodegenTask(
                     traced=traced[name],
                     target=target,
-                    flags=spec.flags,
+                    flags=flags,
                     cxx=None if gpu else job.tools().tc.cxx,
                     out_dir=layout.root / "codegen" / name,
                     key=key,
                     locked=locked,
                     retune=job.tuning.retune,
                     where=f"graph[{i}]",
-                    scalar_kernels=why,
-                    vec_isas=None if gpu or why else _vec_isas_record(job.tools().tc),
-                    onednn_threads=codegen.packing_threads(target, spec.flags),
+                    scalar_kernels=fallbacks.scalar_kernels,
+                    vec_isas=None if gpu or fallbacks.scalar_kernels else _vec_isas_record(job.tools().tc),
+                    onednn_threads=codegen.packing_threads(target, flags),
+                    onednn_off=fallbacks.onednn_off,
                 ),
             )
         )
@@ -736,9 +744,9 @@ def _generate_all(
         timings = [measured.timings for measured in lockfile.merged(sets, used)]
         generated = dataclasses.replace(
             generated,
-            key=codegen.codegen_key(task.traced, task.target, spec.flags, timings, torch_version, vectorize=vectorize),
+            key=codegen.codegen_key(task.traced, task.target, task.flags, timings, torch_version, vectorize=vectorize),
             structure_key=codegen.codegen_key(
-                task.traced, task.target, spec.flags, timings, torch_version, values=False, vectorize=vectorize
+                task.traced, task.target, task.flags, timings, torch_version, values=False, vectorize=vectorize
             ),
         )
         state.commit(f"unit:codegen:{name}", generated)
@@ -772,6 +780,21 @@ def _generate_all(
     return units
 
 
+def _fallbacks(job: Job, name: str) -> lockfile.Fallbacks:
+    """What the unit is generated without: what this build found, and what the lockfile keeps from earlier builds."""
+    found = job.fallbacks.get(name, lockfile.Fallbacks())
+    if job.tuning.retune:
+        return found
+    kept = job.tuning.locked.fallbacks.get(lockfile.section(name, job.tc.torch_version), lockfile.Fallbacks())
+    return lockfile.Fallbacks(
+        scalar_kernels=found.scalar_kernels or kept.scalar_kernels, onednn_off=found.onednn_off or kept.onednn_off
+    )
+
+
+def _unit_flags(flags: Flags, fallbacks: lockfile.Fallbacks) -> Flags:
+    return dataclasses.replace(flags, onednn=False) if fallbacks.onednn_off else flags
+
+
 def _variant_works(works: list[Any], g: Graph, t: Target) -> list[tuple[str, dict[str, int]]]:
     """(name, sizes) of the graph's specialized variants on the target, the most specific first: a call runs the first
     whose sizes match."""
@@ -791,7 +814,6 @@ def _compiled(
     vectorized CPU kernels the compiler refuses (Inductor's vectorized codegen has bugs that a torch release or a g++
     version brings out) is generated again with scalar kernels, and compiled again; the lockfile keeps why."""
     spec, layout, timeline = job.spec, job.layout, job.timeline
-    scalar: dict[str, str] = {}
     while True:
         with timeline.stage("prebuilt"):
             prebuilts: dict[str, Prebuilt] = {
@@ -838,13 +860,14 @@ def _compiled(
                     failure.detail,
                     failure.unit,
                 ) from None
-            scalar[name] = meson.error_message(failure.detail)
+            refused = meson.error_message(failure.detail)
+            job.fallbacks[name] = dataclasses.replace(_fallbacks(job, name), scalar_kernels=refused)
             timeline.report(
                 "compile",
-                f"{name}: the compiler refused its vectorized kernels ({scalar[name]}); "
+                f"{name}: the compiler refused its vectorized kernels ({refused}); "
                 "generating them again without vectorization",
             )
-            units = _generate_all(job, scalar)
+            units = _generate_all(job)
 
 
 def _failed_kernels(project: Path, units: list[Unit], failure: meson.BuildFailure) -> tuple[str, CodegenResult] | None:
@@ -1155,7 +1178,7 @@ def _update_lockfile(job: Job, units: list[Unit]) -> None:
     written = {
         lockfile.section(name, torch): (
             lockfile.Measured(code.autotune_timings, to_json(code.kernel_choices)),
-            code.scalar_kernels,
+            lockfile.Fallbacks(scalar_kernels=code.scalar_kernels, onednn_off=_fallbacks(job, name).onednn_off),
         )
         for u in units
         for name, code in u.generated
@@ -1228,11 +1251,9 @@ def _package(
                 external if job.spec.flags.weights == "external" else None,
                 beside=stage_cpp if staged else None,
             )
-        except BaseException as exc:
+        except BaseException:
             if staged:
                 staged.discard()
-            if isinstance(exc, MismatchError) and _used_onednn(job.spec):
-                raise MismatchError(f"{exc}. {ONEDNN_MISMATCH}") from None
             raise
     _record_checked(job, units, packaged)
     job.state.commit("package", packaged)
@@ -1250,8 +1271,34 @@ ONEDNN_MISMATCH = (
 )
 
 
-def _used_onednn(spec: ProjectSpec) -> bool:
-    return spec.flags.freezing and any(codegen.uses_onednn(t, spec.flags) for t in spec.target)
+def _generated_without_onednn(job: Job, units: list[Unit], mismatch: MismatchError) -> list[Unit]:
+    """The units generated again, the one whose code computed otherwise without oneDNN, where oneDNN's fusions may be
+    why: code generated with them and not checked before (code that passed the check before is the same code, so
+    the difference lies elsewhere). Else `mismatch` is raised, saying where oneDNN was already left out or (with
+    custom ops, whose codegen runs in this process, where Inductor's oneDNN passes stay once registered) could not be.
+    The lockfile keeps the unit's fallback."""
+    found = next(
+        (
+            (name, u.target, code)
+            for u in units
+            for name, code in u.generated
+            if (traced := job.state.get(TraceResult, f"unit:trace:{name}")) and str(traced.program) == mismatch.program
+        ),
+        None,
+    )
+    if found is None:
+        raise mismatch
+    name, target, code = found
+    if code.checked or not (job.spec.flags.freezing and codegen.uses_onednn(target, job.spec.flags)):
+        raise mismatch
+    if code.onednn_off:
+        raise MismatchError(f"{mismatch} (generated without oneDNN)", mismatch.failure, mismatch.program) from None
+    if job.ops is not None:
+        raise MismatchError(f"{mismatch}. {ONEDNN_MISMATCH}", mismatch.failure, mismatch.program) from None
+    why = f"with oneDNN's fusions its package computed otherwise ({mismatch.failure})"
+    job.fallbacks[name] = dataclasses.replace(_fallbacks(job, name), onednn_off=why)
+    job.timeline.report("package", f"{name}: {why}; generating it again without oneDNN")
+    return _generate_all(job)
 
 
 def _cpp_package(job: Job, packaged: PackageResult, archive: str) -> CppPackageResult:

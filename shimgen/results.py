@@ -142,9 +142,7 @@ class CodegenResult:
     unused_weights: tuple[str, ...] = ()  # the program's weights the model does not take (weights.unused_weights)
     state: tuple[str, ...] = ()  # the weights the model mutates (TraceResult.state)
     scalar_kernels: str = ""  # why its CPU kernels are not vectorized: the compiler refused the vectorized ones
-    onednn_off: str = (
-        ""  # why it was generated without oneDNN: its fusion pass fixed a dynamic size (codegen.SizeFixed)
-    )
+    onednn_off: str = ""  # why it was generated without oneDNN
     packed_threads: int | None = None  # the threads its oneDNN weights are packed for, where it has any
     checked: bool = False  # a package check ran this code at every size (its weights may since have been refitted)
 

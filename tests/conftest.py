@@ -48,7 +48,7 @@ SLOWEST_FIRST = (
     "test_llm.py",
     "test_dependencies.py",
     "test_outputs.py",
-    "test_scalar_kernels.py",
+    "test_fallbacks.py",
     "test_state.py",
     "test_cpp_package.py",
     "test_codegen.py",

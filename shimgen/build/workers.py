@@ -60,7 +60,7 @@ class CodegenTask:
     scalar_kernels: str = ""  # why the CPU kernels are generated without vectorization
     vec_isas: Path | None = None  # where the compiler's and CPU's vector ISAs are kept (codegen._vec_isas_kept)
     onednn_threads: int | None = None  # what oneDNN's weights are packed for (codegen.packing_threads)
-    onednn_off: str = ""  # why the graph is generated without oneDNN (codegen.SizeFixed)
+    onednn_off: str = ""  # why the graph is generated without oneDNN
 
 
 @contextlib.contextmanager
@@ -88,6 +88,12 @@ def run_trace(task: TraceTask, ops: CustomOps | None = None) -> TraceResult:
 
 
 def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResult:
+    if task.onednn_off and ops is None:
+        return _codegen_in_new_interpreter(task)
+    return _codegen(task, ops)
+
+
+def _codegen(task: CodegenTask, ops: CustomOps | None) -> CodegenResult:
     compat.check(compat.TRACE)
     compat.check(compat.CODEGEN)
     try:
@@ -110,8 +116,11 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
     except codegen.SizeFixed as fixed:
         if not fixed.by_onednn or task.onednn_off or ops is not None:  # custom ops: loaded in this process only
             raise SpecError("", task.where, str(fixed)) from None
-        # Inductor registers its oneDNN fusion passes in a process once, whatever later codegens ask for
-        return _codegen_in_new_interpreter(dataclasses.replace(task, onednn_off=fixed.guard))
+        why = (
+            f"its fusion pass fixed a dynamic size at the example ({fixed.guard}); "
+            "another `example` size for that dim gives it back"
+        )
+        return _codegen_in_new_interpreter(dataclasses.replace(task, onednn_off=why))
     except SpecError:
         raise
     except UserError as exc:
@@ -119,6 +128,8 @@ def run_codegen(task: CodegenTask, ops: CustomOps | None = None) -> CodegenResul
 
 
 def _codegen_in_new_interpreter(task: CodegenTask) -> CodegenResult:
+    """Inductor registers its oneDNN fusion passes in a process once, whatever later codegens ask for: a codegen without
+    oneDNN runs where none came before it."""
     with tempfile.TemporaryDirectory(prefix="shimgen-codegen-task-") as tmp:
         asked, answered = Path(tmp) / "task.pickle", Path(tmp) / "outcome.pickle"
         asked.write_bytes(pickle.dumps(task))
@@ -138,7 +149,7 @@ def codegen_main(argv: list[str]) -> int:
     """`run_codegen` of the pickled task in argv[0], its result or exception pickled into argv[1]."""
     task = pickle.loads(Path(argv[0]).read_bytes())
     try:
-        outcome: Any = run_codegen(task)
+        outcome: Any = _codegen(task, None)
     except BaseException as exc:  # noqa: BLE001  (handed to the process that asked)
         outcome = exc
     Path(argv[1]).write_bytes(pickle.dumps(outcome))

@@ -7,8 +7,8 @@ Per unit (graph, device, torch) it holds one measured set per kind of machine th
 timing records (op -> input layouts -> float32 matmul precision -> candidate key -> ms, the shape of Inductor's
 autotuning cache) and the choices as a reader wants them (op, sizes, winner, microseconds per candidate). Machines
 whose candidates differ (a native-ISA C++ GEMM template's source follows the vector width) each keep their own set, so
-one committed lockfile replays on all of them and none rewrites it. A unit whose vectorized C++ kernels the compiler
-refused also holds why (`scalar_kernels`): later builds generate its kernels without vectorization at once.
+one committed lockfile replays on all of them and none rewrites it. A unit that a build had to generate otherwise than
+its flags say also holds why (`Fallbacks`): later builds generate it that way at once.
 """
 
 from __future__ import annotations
@@ -48,11 +48,22 @@ class Measured:
 
 
 @dataclass(frozen=True)
+class Fallbacks:
+    """Why a build generated a unit otherwise than its flags say ("": it did not)."""
+
+    scalar_kernels: str = ""  # its CPU kernels without vectorization: the compiler refused the vectorized ones
+    onednn_off: str = ""  # without oneDNN: its package computed otherwise with oneDNN's fusions
+
+    def fields(self) -> dict[str, str]:
+        return {name: why for name, why in vars(self).items() if why}
+
+
+@dataclass(frozen=True)
 class Locked:
     """A lockfile as read, by section."""
 
     units: dict[str, tuple[Measured, ...]] = field(default_factory=dict)
-    scalar_kernels: dict[str, str] = field(default_factory=dict)  # why the vectorized kernels did not compile
+    fallbacks: dict[str, Fallbacks] = field(default_factory=dict)
 
     def timings(self, section: str) -> list[Timings]:
         """The section's timing sets, the order replay tries them in."""
@@ -70,14 +81,16 @@ def read(path: Path) -> Locked:
             raise ValueError(f"format {data.get('format')!r}")
         return Locked(
             units={name: _measured(unit) for name, unit in units.items()},
-            scalar_kernels={
-                name: str(unit["scalar_kernels"]) for name, unit in units.items() if "scalar_kernels" in unit
-            },
+            fallbacks={name: found for name, unit in units.items() if (found := _fallbacks(unit)) != Fallbacks()},
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UserError(
             f"{path}: not a shimgen lockfile this version reads ({exc}); delete it or build with --retune"
         ) from None
+
+
+def _fallbacks(unit: dict[str, Any]) -> Fallbacks:
+    return Fallbacks(**{name: str(unit[name]) for name in vars(Fallbacks()) if name in unit})
 
 
 def _measured(unit: dict[str, Any]) -> tuple[Measured, ...]:
@@ -137,8 +150,8 @@ def _candidates(measured: Measured) -> str:
     return json.dumps(sorted((list(where), sorted(record)) for where, record in _records(measured.timings)))
 
 
-def update(path: Path, sections: dict[str, tuple[Measured, str]], keep: set[str]) -> bool:
-    """Merge `sections` (the set a build used, why the kernels are scalar or "") into the lockfile, keeping the other
+def update(path: Path, sections: dict[str, tuple[Measured, Fallbacks]], keep: set[str]) -> bool:
+    """Merge `sections` (the set a build used, and what it fell back on) into the lockfile, keeping the other
     sections named in `keep` (units of other torch versions); True when the file changed. Builds of one spec in several
     output directories at once take turns."""
     with exclusive(path.with_name(f".{path.name}.writing")):
@@ -146,15 +159,14 @@ def update(path: Path, sections: dict[str, tuple[Measured, str]], keep: set[str]
             found = read(path) if path.is_file() else Locked()
         except UserError:
             found = Locked()
-        written = {name: (found.units.get(name, ()), found.scalar_kernels.get(name, "")) for name in keep}
-        for name, (used, scalar) in sections.items():
-            written[name] = (merged(found.units.get(name, ()), used), scalar)
+        written = {name: (found.units.get(name, ()), found.fallbacks.get(name, Fallbacks())) for name in keep}
+        for name, (used, fallbacks) in sections.items():
+            written[name] = (merged(found.units.get(name, ()), used), fallbacks)
         units: dict[str, Any] = {}
-        for name, (sets, scalar) in written.items():
+        for name, (sets, fallbacks) in written.items():
             unit: dict[str, Any] = {"machines": [{"choices": s.choices, "timings": s.timings} for s in sets]}
-            if scalar:
-                unit["scalar_kernels"] = scalar
-            if sets or scalar:
+            unit.update(fallbacks.fields())
+            if sets or fallbacks.fields():
                 units[name] = unit
         if not units and not path.is_file():
             return False

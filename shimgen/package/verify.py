@@ -77,6 +77,7 @@ class Report:
     cases: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failure: str = ""
+    program: str = ""  # the traced program of the code that computed `failure`'s case
     seconds: float = 0.0
     beforehand: int = 0  # cases whose traced program ran ahead, beside the build (`ReferenceRun`)
     settled: list[str] = field(default_factory=list)  # cases left out: their code passed them before (`settled_cases`)
@@ -177,6 +178,7 @@ def run(plan: Plan, package: Any, report: Report, write: Any) -> None:
                 report.failure = (
                     f"{where}: the call failed: {type(exc).__name__}: {_first_line(exc)}{_size_one_hint(models, sizes)}"
                 )
+                report.program = str(program_for(models, sizes))
                 return
         call = _Call(models, where, sizes, inputs, internals.tensor_leaves(got), _package_state(package, models))
         if ahead:  # kept until compared: what the package returns may be reused by its next call
@@ -237,6 +239,7 @@ def _compare(called: list[_Call], known: _References, programs: _Programs, repor
             difference = f"its output or state cannot be compared with the traced program's: {type(exc).__name__}: {_first_line(exc)}"
         if difference:
             report.failure = f"{call.where}: {difference}{_size_one_hint(call.models, call.sizes)}"
+            report.program = str(program_for(call.models, call.sizes))
             return False
         report.cases.append(call.where)
     return True

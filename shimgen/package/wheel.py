@@ -268,7 +268,9 @@ def _check(
         )
     if report.failure:
         raise MismatchError(
-            f"the built package '{name}' does not compute what its traced program does; {kept}: {report.failure}"
+            f"the built package '{name}' does not compute what its traced program does; {kept}: {report.failure}",
+            report.failure,
+            report.program,
         )
     said = f" ({checked.tail(1)})" if checked.signal and checked.tail(1) else ""
     crash = f"crashed with signal {checked.signal}{said}" if checked.signal else f"failed: {checked.tail(1)}"

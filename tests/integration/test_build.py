@@ -376,8 +376,8 @@ def test_failed_builds_keep_previous_outputs(built_mlp: dict[str, Any], workdir:
             "the built package 'mlp' does not compute what its traced program does; the previous package is left in place: "
             "graph[0] (forward, cpu) at example (batch=4): output 0 differs from the traced program"
         ) in result.stderr
-        # built with oneDNN (the default on a native CPU target), whose fusions are one cause a user can switch off
-        assert "`[flags] onednn = false` builds without them" in result.stderr
+        # The same code passed before: not generated again without oneDNN (test_fallbacks), whose fusions are not why.
+        assert "oneDNN" not in result.stderr
         assert "Traceback" not in result.stderr
     finally:
         spec.write_text(original)

@@ -1415,17 +1415,27 @@ def test_scalar_kernels_override_the_targets_vector_length(tmp_path: Path) -> No
         )
 
 
-def test_lockfile_keeps_why_a_unit_has_scalar_kernels(tmp_path: Path) -> None:
+def test_lockfile_keeps_what_a_unit_fell_back_on(tmp_path: Path) -> None:
     from shimgen.inductor import lockfile
 
     path = tmp_path / "spec.toml.lock"
     timed = lockfile.Measured({"mm": {"inputs": {"float32": {"choice": 0.5}}}})
-    refused = "‘decltype’ evaluates to ‘float’"
-    lockfile.update(path, {"a torch2.13.0": (lockfile.Measured({}), refused), "b torch2.13.0": (timed, "")}, set())
+    refused = lockfile.Fallbacks(scalar_kernels="‘decltype’ evaluates to ‘float’")
+    off = lockfile.Fallbacks(onednn_off="its package computed otherwise")
+    lockfile.update(
+        path,
+        {
+            "a torch2.13.0": (lockfile.Measured({}), refused),
+            "b torch2.13.0": (timed, lockfile.Fallbacks()),
+            "c torch2.13.0": (timed, off),
+        },
+        set(),
+    )
     read = lockfile.read(path)
-    assert read.scalar_kernels == {"a torch2.13.0": refused}
-    assert read.units == {"a torch2.13.0": (), "b torch2.13.0": (timed,)}
-    lockfile.update(path, {"a torch2.13.0": (lockfile.Measured({}), "")}, {"b torch2.13.0"})  # retuned: vectorized
+    assert read.fallbacks == {"a torch2.13.0": refused, "c torch2.13.0": off}
+    assert read.units == {"a torch2.13.0": (), "b torch2.13.0": (timed,), "c torch2.13.0": (timed,)}
+    # retuned: vectorized, and with oneDNN
+    lockfile.update(path, {"a torch2.13.0": (lockfile.Measured({}), lockfile.Fallbacks())}, {"b torch2.13.0"})
     assert lockfile.read(path) == lockfile.Locked(units={"b torch2.13.0": (timed,)})
 
 
@@ -1448,33 +1458,33 @@ def test_a_lockfile_keeps_one_set_per_kind_of_machine(tmp_path: Path) -> None:
     avx512 = lockfile.Measured(
         _gemms(a={"template-avx512": 0.05, "onednn": 0.2}, b={"template-avx512": 0.4, "onednn": 0.2})
     )
-    assert lockfile.update(path, {unit: (avx2, "")}, set())
-    assert lockfile.update(path, {unit: (avx512, "")}, set())
+    assert lockfile.update(path, {unit: (avx2, lockfile.Fallbacks())}, set())
+    assert lockfile.update(path, {unit: (avx512, lockfile.Fallbacks())}, set())
     both = path.read_text()
     assert _same_sets(lockfile.read(path).units[unit], (avx2, avx512))
     for replayed in (avx2, avx512, avx2):
-        assert not lockfile.update(path, {unit: (replayed, "")}, set())
+        assert not lockfile.update(path, {unit: (replayed, lockfile.Fallbacks())}, set())
     assert path.read_text() == both
     other_order = tmp_path / "other.lock"
-    lockfile.update(other_order, {unit: (avx512, "")}, set())
-    lockfile.update(other_order, {unit: (avx2, "")}, set())
+    lockfile.update(other_order, {unit: (avx512, lockfile.Fallbacks())}, set())
+    lockfile.update(other_order, {unit: (avx2, lockfile.Fallbacks())}, set())
     assert other_order.read_text() == both
 
     # The avx2 machine's spec gained a GEMM: its set is replaced by the new one, the avx512 set stays.
     grown = lockfile.Measured(
         {"linear": {**avx2.timings["linear"], **_gemms(c={"template-avx2": 1.0, "onednn": 2.0})["linear"]}}
     )
-    assert lockfile.update(path, {unit: (grown, "")}, set())
+    assert lockfile.update(path, {unit: (grown, lockfile.Fallbacks())}, set())
     assert _same_sets(lockfile.read(path).units[unit], (grown, avx512))
     # --retune on the avx512 machine measures again: its new timings replace its old ones.
     retuned = lockfile.Measured(
         _gemms(a={"template-avx512": 0.06, "onednn": 0.2}, b={"template-avx512": 0.3, "onednn": 0.2})
     )
-    assert lockfile.update(path, {unit: (retuned, "")}, set())
+    assert lockfile.update(path, {unit: (retuned, lockfile.Fallbacks())}, set())
     assert _same_sets(lockfile.read(path).units[unit], (grown, retuned))
     assert lockfile.used_by(lockfile.read(path).units[unit], retuned.timings) == retuned
     # A unit that times nothing any more has no sets left.
-    lockfile.update(path, {unit: (lockfile.Measured({}), "")}, set())
+    lockfile.update(path, {unit: (lockfile.Measured({}), lockfile.Fallbacks())}, set())
     assert unit not in lockfile.read(path).units
 
 

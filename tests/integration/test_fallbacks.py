@@ -1,0 +1,136 @@
+"""A graph that a build cannot use as first generated is generated again without what failed, and the lockfile keeps
+that, so that later builds generate it so at once.
+
+Vectorized C++ kernels that the compiler refuses: Inductor's vectorized codegen has had such bugs (torch 2.11 with g++
+on bloom and torchvision's swin_t: results/model_sweep.md), but none that torch 2.13 shows on a small graph, so the
+refusal is injected: the build runs in this process with codegen wrapped so that every kernels file holding vectorized
+code ends in an #error.
+
+oneDNN's fusions that compute otherwise: torch 2.13 does so for torchvision's RAFT (results/model_sweep.md), a build
+of minutes, so the wrong result is injected: codegen with oneDNN, in this process, is wrapped to scale its weights.
+The codegen without oneDNN runs in a new interpreter, unwrapped. Meson, g++, the check, the retry and the package are
+real."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import FAST_FLAGS, import_package, spec_of_its_own, with_flags
+from test_build import eager_and_inputs
+
+from shimgen.inductor import codegen
+from shimgen.pipeline import build
+from shimgen.results import CodegenResult
+
+SPEC = """
+[project]
+name = "scalar_heads"
+
+[[graph]]
+name = "heads"
+entry = "models.mlp:Heads"
+kwargs = { width = 32, classes = 10 }
+inputs = [
+  { name = "x", shape = ["batch", 32] },
+  { name = "scale", shape = [32], keyword = true },
+]
+dims = { batch = { min = 1, max = 16, example = 4 } }
+"""
+REFUSED = "vectorized kernels refused by this test"
+
+
+@pytest.fixture
+def refusing_compiler(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Codegen as it is, except that vectorized kernels do not compile; the list records each codegen's
+    scalar_kernels argument."""
+    real = codegen.generate
+    calls: list[str] = []
+
+    def generate(*args: Any, **kwargs: Any) -> CodegenResult:
+        result = real(*args, **kwargs)
+        calls.append(kwargs.get("scalar_kernels", ""))
+        for path in result.kernels:
+            if "at::vec::" in path.read_text():
+                path.write_text(path.read_text() + f'\n#error "{REFUSED}"\n')
+        return result
+
+    monkeypatch.setattr(codegen, "generate", generate)
+    return calls
+
+
+def test_refused_vectorized_kernels_are_generated_again_scalar(
+    workdir: Path, tmp_path: Path, refusing_compiler: list[str]
+) -> None:
+    spec = spec_of_its_own(workdir, tmp_path / "spec" / "scalar_heads.toml", with_flags(SPEC, **FAST_FLAGS))
+    out = tmp_path / "out"
+    built = build(spec, out)
+    assert refusing_compiler == ["", f'#error "{REFUSED}"'], "one vectorized codegen, refused; then one scalar"
+    assert built.scalar_kernels == {"heads_cpu": f'#error "{REFUSED}"'}
+    kernels = sorted((out / "build" / "scalar_heads" / "project" / "src" / "heads_cpu").glob("kernels_*.cpp"))
+    assert kernels and not any("at::vec::" in k.read_text() for k in kernels)
+    lock = json.loads(spec.with_name(spec.name + ".lock").read_text())
+    assert [unit["scalar_kernels"] for unit in lock["units"].values()] == [f'#error "{REFUSED}"']
+
+    package = import_package(built.summary())
+    graph, model, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
+    with torch.no_grad():
+        torch.testing.assert_close(package.heads(x, scale=scale), model(x, scale=scale), rtol=1e-5, atol=1e-5)
+
+    # Up to date: nothing generated again. A fresh output directory reads the lockfile: scalar kernels at once.
+    assert "codegen:heads_cpu" in build(spec, out).skipped and len(refusing_compiler) == 2
+    fresh = build(spec, tmp_path / "fresh")
+    assert refusing_compiler[2:] == [f'#error "{REFUSED}"'] and fresh.scalar_kernels == built.scalar_kernels
+
+
+@pytest.fixture
+def onednn_miscompiling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Codegen as it is, except that a graph generated with oneDNN (in this process) computes otherwise: its weights
+    file scaled. The list records each such codegen's model source."""
+    real = codegen.generate
+    models: list[str] = []
+
+    def generate(*args: Any, **kwargs: Any) -> CodegenResult:
+        result = real(*args, **kwargs)
+        assert not kwargs.get("onednn_off"), "a codegen without oneDNN runs in a new interpreter"
+        assert result.weights_file is not None
+        models.append(result.model.read_text())
+        data = result.weights_file.read_bytes()
+        (length,) = struct.unpack("<Q", data[:8])
+        scaled = torch.frombuffer(bytearray(data[8 + length :]), dtype=torch.float32) * 1.5
+        result.weights_file.write_bytes(data[: 8 + length] + scaled.numpy().tobytes())
+        return result
+
+    monkeypatch.setattr(codegen, "generate", generate)
+    return models
+
+
+def test_a_graph_that_computes_otherwise_with_onednn_is_generated_again_without(
+    workdir: Path, tmp_path: Path, onednn_miscompiling: list[str]
+) -> None:
+    spec = spec_of_its_own(workdir, tmp_path / "spec" / "onednn_heads.toml", with_flags(SPEC, **FAST_FLAGS))
+    out = tmp_path / "out"
+    built = build(spec, out)
+    assert len(onednn_miscompiling) == 1 and "mkldnn" in onednn_miscompiling[0], "generated once with oneDNN"
+    why = built.onednn_off["heads_cpu"]
+    assert why.startswith(
+        "with oneDNN's fusions its package computed otherwise (graph[0] (heads, cpu) at smallest (batch=1): output 0 "
+        "differs from the traced program (max abs error"
+    ), why
+    model = out / "build" / "scalar_heads" / "project" / "src" / "heads_cpu" / "model.cpp"
+    assert "mkldnn" not in model.read_text()
+    lock = json.loads(spec.with_name(spec.name + ".lock").read_text())
+    assert [unit.get("onednn_off") for unit in lock["units"].values()] == [why]
+
+    package = import_package(built.summary())
+    graph, eager, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
+    with torch.no_grad():
+        torch.testing.assert_close(package.heads(x, scale=scale), eager(x, scale=scale), rtol=1e-5, atol=1e-5)
+
+    # A fresh output directory reads the lockfile: no codegen with oneDNN.
+    fresh = build(spec, tmp_path / "fresh")
+    assert len(onednn_miscompiling) == 1 and fresh.onednn_off == built.onednn_off
