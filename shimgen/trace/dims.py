@@ -19,6 +19,7 @@ from shimgen.errors import SpecError
 from shimgen.inductor import internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
 from shimgen.spec import Dim, Graph
+from shimgen.tolerance import difference
 from shimgen.trace.entry import call_model, make_inputs
 
 _SIZE = re.compile(r"(?:L\['tensors'\]\[|\btensors_)(\d+)\]?\.size\(\)\[(\d+)\]")
@@ -38,11 +39,14 @@ _MADE_CONSTANT = re.compile(r"You marked (\w+) as dynamic but your code speciali
 
 
 def export_dims(graph: Graph) -> dict[str, Any]:
-    """torch.export Dims for the spec's dims; a dim with `multiple_of = k` is k times a Dim of its own."""
+    """torch.export Dims for the spec's dims; a dim with `multiple_of = k` is k times a Dim of its own. A dim of one
+    size (the range a narrowing left: [1, 2] without 1) gets none: the program takes that size alone."""
     import torch
 
     dims: dict[str, Any] = {}
     for name, d in graph.dims.items():
+        if d.min == d.max:
+            continue
         if d.multiple_of == 1:
             dims[name] = torch.export.Dim(name, min=d.min, max=d.max)
         else:
@@ -80,7 +84,7 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
 def _export(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) -> Any:
     import torch
 
-    dynamic = tuple({k: dims[s] for k, s in enumerate(inp.shape) if isinstance(s, str)} for inp in graph.inputs)
+    dynamic = tuple({k: dims[s] for k, s in enumerate(inp.shape) if s in dims} for inp in graph.inputs)
     with internals.backed_size_oblivious():
         return torch.export.export(module, tuple(inputs), dynamic_shapes=(dynamic,))
 
@@ -424,14 +428,8 @@ def check_smallest(
             f"eager {len(want)}; raise the dims' min",
         )
     for k, (w, g) in enumerate(zip(want, got, strict=True)):
-        if w.shape != g.shape or not torch.allclose(
-            g.double(), w.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True
-        ):
-            if w.shape != g.shape:
-                how = f"shape {list(g.shape)}, eager's {list(w.shape)}"
-            else:
-                error = (g.double() - w.double()).abs().nan_to_num(float("inf")).max().item()
-                how = f"max abs error {error:.3g}; atol {graph.atol:g}, rtol {graph.rtol:g}"
+        how = f"shape {list(g.shape)}, eager's {list(w.shape)}" if w.shape != g.shape else difference(graph, w, g)
+        if how:
             raise SpecError(
                 "",
                 f"{where}.dims",
@@ -445,9 +443,7 @@ def check_smallest(
         have, expected = program_initial.tensors.get(name), eager_state.get(fqn)
         if have is None or expected is None:
             continue
-        if have.shape != expected.shape or not torch.allclose(
-            have.double(), expected.double(), rtol=graph.rtol, atol=graph.atol, equal_nan=True
-        ):
+        if have.shape != expected.shape or difference(graph, expected, have):
             raise SpecError(
                 "",
                 f"{where}.dims",

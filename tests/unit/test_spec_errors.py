@@ -1060,3 +1060,36 @@ def test_python_ops_of_installed_distributions_are_imported_by_the_package_and_t
     assert custom_ops.installed_op_modules(("shimgen_test::project_op",)) == ()
     with pytest.raises(UserError, match=r"name its module in a \[\[custom_op\]\] entry"):
         custom_ops.run_time_modules(["shimgen_test::project_op"], None, ())
+
+
+ONE_ROW_APART = """import torch
+from torch import nn
+
+
+class OneRowApart(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return self.proj(x) * 2
+        return self.proj(x)
+"""
+
+
+def test_a_range_that_keeps_one_size_without_its_smallest_builds_that_size_and_a_variant(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch.export cannot keep batch 1 in [1, 2] (the model branches on it): batch 1 becomes a variant, and the range
+    left, [2, 2], one size, is exported static (torch.export.Dim refuses min == max: an internal error before)."""
+    (workdir / "projects" / "one_row.py").write_text(ONE_ROW_APART)
+    spec = workdir / "projects" / "one_row.toml"
+    spec.write_text(
+        PROJECT + '[[graph]]\nname = "forward"\nentry = "one_row:OneRowApart"\n'
+        'inputs = [{ name = "x", shape = ["batch", 8] }]\ndims = { batch = { min = 1, max = 2 } }\n'
+    )
+    assert main(["check", str(spec), "--out", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "check: all 4 outputs match eager" in err, err  # the example (2), 1, 2 and the variant at 1
+    assert "variant batch=1" in err
