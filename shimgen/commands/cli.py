@@ -15,7 +15,7 @@ import time
 import traceback
 from pathlib import Path
 
-from shimgen import devices, toolchain
+from shimgen import devices, tolerance, toolchain
 from shimgen.build import process
 from shimgen.cache import shared_cache
 from shimgen.commands import ci_workflow, matrix, report, server
@@ -401,6 +401,13 @@ def _check(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     tolerances = ", ".join(f"{g.name}: atol={g.atol:g} rtol={g.rtol:g}" for g in spec.graph)
+    floors = sorted({r.dtype for r in rows if r.dtype in tolerance.LEAST})
+    if floors:
+        tolerances += "; " + ", ".join(
+            f"{dtype} outputs: atol at least {tolerance.LEAST[dtype]:g} x the largest value, rtol at least "
+            f"{tolerance.LEAST[dtype]:g}"
+            for dtype in floors
+        )
     verdict = (
         f"{len(failed)} of {len(rows)} outputs beyond tolerance ({tolerances})"
         if failed

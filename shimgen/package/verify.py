@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shimgen import devices
+from shimgen import devices, tolerance
 from shimgen.build.process import start_in_spare
 from shimgen.inductor import compat, internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
@@ -38,9 +38,10 @@ from shimgen.spec import Graph
 from shimgen.trace.entry import call_model, example_sizes, float32_as_float32, make_inputs
 
 INPUT_BYTES_LIMIT = 256 << 20  # a case whose inputs need more is skipped (a dim declared with no practical maximum)
-# Tolerances never tighter than these: the graph's atol/rtol may be set to 0 for `shimgen check`, and compiled kernels
-# round differently from the traced program's ops; the build's runs look for packages that compute something else.
-LEAST_ATOL = LEAST_RTOL = 1e-4
+# Tolerances never tighter than this (atol times the output's largest magnitude, at least 1; tolerance.allowed): the
+# graph's atol/rtol may be set to 0 for `shimgen check`, and compiled kernels round differently from the traced
+# program's ops; the build's runs look for packages that compute something else.
+LEAST_TOLERANCE = 1e-4
 REFERENCE_BYTES_LIMIT = 1 << 30  # the outputs and state `references` writes at most; the check computes the rest
 NICENESS = 10  # the compile it runs beside comes first
 
@@ -412,7 +413,6 @@ class _Programs:
 
 def _difference(graph: Graph, want: Any, got: Any) -> str:
     """How the package's output differs from the program's flat tensors; empty where it does not."""
-    import torch
 
     got_leaves = internals.tensor_leaves(got)
     want_leaves = list(want)
@@ -421,12 +421,9 @@ def _difference(graph: Graph, want: Any, got: Any) -> str:
     for k, (w, g) in enumerate(zip(want_leaves, got_leaves, strict=True)):
         if w.shape != g.shape or w.dtype != g.dtype:
             return f"output {k} is {_signature(g)}, the traced program's {_signature(w)}"
-        atol, rtol = max(graph.atol, LEAST_ATOL), max(graph.rtol, LEAST_RTOL)
-        if not torch.allclose(g.double(), w.double(), rtol=rtol, atol=atol, equal_nan=True):
-            error = (g.double() - w.double()).abs().nan_to_num(float("inf")).max().item() if g.numel() else 0.0
-            return (
-                f"output {k} differs from the traced program (max abs error {error:.3g}; atol {atol:g}, rtol {rtol:g})"
-            )
+        how = tolerance.difference(graph, w, g, floor=LEAST_TOLERANCE)
+        if how:
+            return f"output {k} differs from the traced program ({how})"
     return ""
 
 
@@ -436,7 +433,6 @@ def _signature(t: Any) -> str:
 
 def _state_difference(models: GraphModels, want: dict[str, Any], have: dict[str, Any]) -> str:
     """How the package's state (`have`) differs from the state the program's calls left; empty where it does not."""
-    import torch
 
     if not models.state:
         return ""
@@ -445,13 +441,7 @@ def _state_difference(models: GraphModels, want: dict[str, Any], have: dict[str,
         got = have.get(name.removeprefix(WEIGHT_PREFIX))
         if name not in want or got is None:
             return f"the package holds no state '{name.removeprefix(WEIGHT_PREFIX)}'" if got is None else ""
-        if not torch.allclose(
-            got.double(),
-            want[name].double(),
-            rtol=max(graph.rtol, LEAST_RTOL),
-            atol=max(graph.atol, LEAST_ATOL),
-            equal_nan=True,
-        ):
+        if got.shape != want[name].shape or tolerance.difference(graph, want[name], got, floor=LEAST_TOLERANCE):
             return f"the state '{name.removeprefix(WEIGHT_PREFIX)}' differs from the traced program's"
     return ""
 

@@ -149,8 +149,17 @@ class Graph:
         "its modules in the project are found without it; list what native code reads.",
         default_factory=list,
     )
-    atol: float = doc("Absolute tolerance of `shimgen check` against eager.", check_only=True, default=1e-4)
-    rtol: float = doc("Relative tolerance of `shimgen check` against eager.", check_only=True, default=1e-4)
+    atol: float = doc(
+        "Absolute tolerance of `shimgen check` against eager. A bfloat16 output's is at least 0.05 times its largest "
+        "magnitude, a float16 output's 0.01 times (compiled kernels round otherwise than eager).",
+        check_only=True,
+        default=1e-4,
+    )
+    rtol: float = doc(
+        "Relative tolerance of `shimgen check` against eager; at least 0.05 for a bfloat16 output, 0.01 for float16.",
+        check_only=True,
+        default=1e-4,
+    )
 
 
 @dataclass
