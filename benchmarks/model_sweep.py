@@ -433,6 +433,31 @@ CASES = [
         dims=BATCH,
     ),
 ]
+# a few of each kind again in bfloat16 ("+bf16"), as LLMs and many vision models ship: weights and float inputs
+LOW_PRECISION = (
+    "transformers:llama/CausalLM",
+    "transformers:qwen2/CausalLM",
+    "transformers:mistral/CausalLM",
+    "transformers:phi/CausalLM",
+    "transformers:gemma/CausalLM",
+    "transformers:roberta",
+    "timm:resnet18d",
+    "timm:deit_tiny_patch16_224",
+    "timm:convnext_atto",
+    "timm:efficientnet_b0",
+    "timm:swin_tiny_patch4_window7_224",
+    "torchvision:mobilenet_v3_small",
+)
+CASES += [
+    replace(
+        case,
+        name=f"{case.name}+bf16",
+        kwargs=f'{case.kwargs}, dtype = "bfloat16"',
+        inputs=case.inputs.replace("] }", '], dtype = "bfloat16" }'),
+    )
+    for case in CASES
+    if case.name in LOW_PRECISION
+]
 # the chunked scans again over a dynamic sequence ("+seq"): padded to whole chunks, the range below one chunk's length
 SCANS = ("mamba2", "qwen3_next", "falcon_h1", "bamba", "granitemoehybrid")
 CASES += [

@@ -10,22 +10,22 @@ from models import torchvision_ops  # noqa: F401  (torchvision imports where its
 from torch import nn
 
 
-def timm_model(name: str, **kwargs: Any) -> nn.Module:
+def timm_model(name: str, dtype: str = "float32", **kwargs: Any) -> nn.Module:
     import timm
 
-    return timm.create_model(name, pretrained=False, **kwargs).eval()
+    return _in(dtype, timm.create_model(name, pretrained=False, **kwargs).eval())
 
 
-def torchvision_model(name: str, **kwargs: Any) -> nn.Module:
+def torchvision_model(name: str, dtype: str = "float32", **kwargs: Any) -> nn.Module:
     import torchvision
 
     builder = torchvision.models.get_model_builder(name)
     if "weights_backbone" in inspect.signature(builder).parameters:  # else a download of its backbone's weights
         kwargs.setdefault("weights_backbone", None)
-    return builder(weights=None, **kwargs).eval()
+    return _in(dtype, builder(weights=None, **kwargs).eval())
 
 
-def hf_model(model_type: str, head: str = "", **config: Any) -> nn.Module:
+def hf_model(model_type: str, head: str = "", dtype: str = "float32", **config: Any) -> nn.Module:
     """transformers' AutoModel (or AutoModelFor<head>) of `model_type` from `config`; no KV cache."""
     import transformers
 
@@ -33,4 +33,10 @@ def hf_model(model_type: str, head: str = "", **config: Any) -> nn.Module:
     if hasattr(made, "use_cache"):
         made.use_cache = False
     auto = getattr(transformers, f"AutoModelFor{head}" if head else "AutoModel")
-    return auto.from_config(made).eval()
+    return _in(dtype, auto.from_config(made).eval())
+
+
+def _in(dtype: str, model: nn.Module) -> nn.Module:
+    import torch
+
+    return model.to(getattr(torch, dtype))

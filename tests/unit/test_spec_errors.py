@@ -1085,8 +1085,8 @@ def test_a_range_that_keeps_one_size_without_its_smallest_builds_that_size_and_a
     left, [2, 2], one size, is exported static (torch.export.Dim refuses min == max: an internal error before)."""
     (workdir / "projects" / "one_row.py").write_text(ONE_ROW_APART)
     spec = workdir / "projects" / "one_row.toml"
-    spec.write_text(
-        PROJECT + '[[graph]]\nname = "forward"\nentry = "one_row:OneRowApart"\n'
+    spec.write_text(  # a project name of its own: `shimgen check` imports the package in this process
+        '[project]\nname = "one_row"\n[[graph]]\nname = "forward"\nentry = "one_row:OneRowApart"\n'
         'inputs = [{ name = "x", shape = ["batch", 8] }]\ndims = { batch = { min = 1, max = 2 } }\n'
     )
     assert main(["check", str(spec), "--out", str(tmp_path)]) == 0
