@@ -146,7 +146,8 @@ def _codegen_in_new_interpreter(task: CodegenTask) -> CodegenResult:
 
 
 def codegen_main(argv: list[str]) -> int:
-    """`run_codegen` of the pickled task in argv[0], its result or exception pickled into argv[1]."""
+    """The codegen of the pickled task in argv[0], in this new interpreter; its result or exception pickled into
+    argv[1]."""
     task = pickle.loads(Path(argv[0]).read_bytes())
     try:
         outcome: Any = _codegen(task, None)

@@ -413,7 +413,6 @@ class _Programs:
 
 def _difference(graph: Graph, want: Any, got: Any) -> str:
     """How the package's output differs from the program's flat tensors; empty where it does not."""
-
     got_leaves = internals.tensor_leaves(got)
     want_leaves = list(want)
     if len(got_leaves) != len(want_leaves):
@@ -433,7 +432,6 @@ def _signature(t: Any) -> str:
 
 def _state_difference(models: GraphModels, want: dict[str, Any], have: dict[str, Any]) -> str:
     """How the package's state (`have`) differs from the state the program's calls left; empty where it does not."""
-
     if not models.state:
         return ""
     graph = models.graph
