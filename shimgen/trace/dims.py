@@ -62,23 +62,28 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
 
     Where torch cannot prove a condition the code depends on (`(3*b - 1) // b == 2` of a batch concatenated and
     chunked again), though every size of the range meets it, the dim is exported again as a hint of the same range,
-    under which torch keeps the condition without proving it; the program must then take the whole range."""
+    under which torch keeps the condition without proving it; the program must then take the whole range. Where that
+    export finds conditions on other dims (torch stopped at the first dim's before: Mamba-2's batch != 1 behind its
+    sequence's chunk count), those are reported instead: a bound among them narrows the range (`RangeError`)."""
     import torch
 
     dims = export_dims(graph)
     try:
         return _export(module, inputs, graph, dims)
     except Exception as exc:
+        reported = exc
         proven = _met_throughout(str(exc), graph)
         if proven:
             try:
                 hinted = {n: torch.export.Dim.DYNAMIC(min=graph.dims[n].min, max=graph.dims[n].max) for n in proven}
                 program = _export(module, inputs, graph, {**dims, **hinted})
-            except Exception:
+            except Exception as hinted_exc:
                 program = None
+                if {_spec_dim(exported) for exported, _ in _VIOLATION.findall(str(hinted_exc))} - proven:
+                    reported = hinted_exc
             if program is not None and _takes_every_range(program, graph):
                 return program
-        raise _spec_error(exc, graph, where, module) from None
+        raise _spec_error(reported, graph, where, module) from None
 
 
 def _export(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) -> Any:

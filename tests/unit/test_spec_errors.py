@@ -748,6 +748,50 @@ def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range
             torch.testing.assert_close(program.module()(ids, torch.ones_like(ids)), model(ids, torch.ones_like(ids)))
 
 
+class Mamba2Decoder(torch.nn.Module):
+    """transformers' Mamba-2 from a small config (its sequence padded to whole chunks of 256)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import transformers
+
+        config = transformers.AutoConfig.for_model(
+            "mamba2", hidden_size=32, num_hidden_layers=2, vocab_size=99, num_heads=4, head_dim=16, state_size=8,
+            n_groups=1, use_cache=False,
+        )  # fmt: skip
+        self.model = transformers.AutoModelForCausalLM.from_config(config).eval()
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return self.model(tensors[0], attention_mask=tensors[1]).logits
+
+
+def test_a_bound_that_torch_finds_only_once_another_dim_is_hinted_narrows_the_range(tmp_path: Path) -> None:
+    """Mamba-2 over batch [1, 4] and seq [2, 32]: torch first reports only the sequence's chunk count, which every size
+    meets (a hint then); exported so, it finds `batch != 1`. That bound narrows the batch to [2, 4] (batch 1 becomes a
+    variant), where the refusal named the sequence's condition before; over [2, 4] the program equals the model."""
+    pytest.importorskip("transformers", reason="the test builds transformers' Mamba-2")
+    from shimgen.trace import dims as trace_dims
+
+    def graph(batch: str) -> Graph:
+        spec = tmp_path / "mamba2.toml"
+        text = edited(GOOD_GRAPH, '[{ name = "x", shape = ["batch", 32] }]', TOKENS)
+        spec.write_text(PROJECT + edited(text, "{ min = 1, max = 8 }", f"{batch}, seq = {{ min = 2, max = 32 }}"))
+        return load_spec(spec).graph[0]
+
+    torch.manual_seed(0)
+    model = Mamba2Decoder()
+    ids = torch.randint(0, 99, (2, 16))
+    with pytest.raises(trace_dims.RangeError) as raised:
+        trace_dims.export(model, [ids, torch.ones_like(ids)], graph("{ min = 1, max = 4 }"), "graph[0]")
+    assert (raised.value.dim, raised.value.raised_min) == ("batch", 2), raised.value.message
+
+    program = trace_dims.export(model, [ids, torch.ones_like(ids)], graph("{ min = 2, max = 4 }"), "graph[0]")
+    with torch.no_grad():
+        for batch, seq in ((2, 2), (3, 17), (4, 32)):
+            ids = torch.randint(0, 99, (batch, seq))
+            torch.testing.assert_close(program.module()(ids, torch.ones_like(ids)), model(ids, torch.ones_like(ids)))
+
+
 class Counting(torch.nn.Module):
     """Scales by how often it was called (a count torch.export does not restore): the trace bakes in its own count, and
     eager at the smallest sizes differs."""
