@@ -24,10 +24,19 @@ def allowed(graph: Graph, want: Any, floor: float = 0.0) -> tuple[float, float]:
     least = max(floor, LEAST.get(str(want.dtype).removeprefix("torch."), 0.0))
     if not least:
         return graph.atol, graph.rtol
-    scale = 1.0
-    if want.is_floating_point() and want.numel():  # integers compare as they are: an index is right or wrong
-        scale = max(scale, want.detach().double().abs().nan_to_num(0.0, 0.0, 0.0).max().item())
-    return max(graph.atol, least * scale), max(graph.rtol, least)
+    return max(graph.atol, least * _scale(want)), max(graph.rtol, least)
+
+
+def _scale(want: Any) -> float:
+    """The output's largest magnitude, at least 1, leaving out infinities and the sentinels masks are filled with
+    (torch.finfo(dtype).min); 1 for integers, which compare as they are (an index is right or wrong)."""
+    import torch
+
+    if not want.is_floating_point() or not want.numel():
+        return 1.0
+    magnitudes = want.detach().double().abs()
+    values = magnitudes[magnitudes < torch.finfo(want.dtype).max / 2]
+    return max(1.0, values.max().item()) if values.numel() else 1.0
 
 
 def difference(graph: Graph, want: Any, got: Any, floor: float = 0.0) -> str:

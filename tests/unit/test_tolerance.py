@@ -36,3 +36,8 @@ def test_the_builds_floor_scales_with_float_outputs_and_leaves_integers_exact() 
     tokens = torch.tensor([50000, 3])
     assert tolerance.allowed(_graph(atol=0.0, rtol=0.0), tokens, floor=1e-4) == (1e-4, 1e-4)
     assert tolerance.difference(_graph(atol=0.0, rtol=0.0), tokens, tokens + 1, floor=1e-4) != ""
+
+
+def test_infinities_and_mask_sentinels_do_not_scale_the_tolerance() -> None:
+    masked = torch.tensor([2.0, torch.finfo(torch.float32).min, float("-inf"), float("nan")])
+    assert tolerance.allowed(_graph(atol=0.0, rtol=0.0), masked, floor=1e-4) == (2e-4, 1e-4)
