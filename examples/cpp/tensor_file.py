@@ -10,12 +10,15 @@ import torch
 
 SCALAR_TYPES = {
     torch.uint8: 0,
+    torch.int8: 1,
+    torch.int16: 2,
     torch.int32: 3,
     torch.int64: 4,
     torch.float16: 5,
     torch.float32: 6,
     torch.float64: 7,
     torch.bool: 11,
+    torch.bfloat16: 15,
 }
 DTYPES = {code: dtype for dtype, code in SCALAR_TYPES.items()}
 
