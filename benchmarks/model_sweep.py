@@ -413,6 +413,38 @@ CASES = [
         inputs='[{ name = "input_values", shape = ["batch", "n"] }]',
         dims="{ batch = { min = 1, max = 4 }, n = { min = 400, max = 4000, multiple_of = 20 } }",
     ),
+    # encoder-decoders given the decoder's tokens, an audio encoder, a detector and plain BERT
+    hf(
+        "t5",
+        "d_model = 32, d_kv = 8, d_ff = 37, num_layers = 2, num_decoder_layers = 2, num_heads = 4, vocab_size = 99",
+        inputs=TEXT[:-1] + ', { name = "decoder_input_ids", shape = ["batch", "target"], dtype = "int64", high = 99,'
+        " keyword = true }]",
+        dims=BATCH_SEQ[:-1] + ", target = { min = 1, max = 16 } }",
+    ),
+    hf(
+        "whisper",
+        "d_model = 32, encoder_layers = 2, decoder_layers = 2, encoder_attention_heads = 4, decoder_attention_heads = 4,"
+        " encoder_ffn_dim = 37, decoder_ffn_dim = 37, vocab_size = 99, num_mel_bins = 16, max_source_positions = 16,"
+        " max_target_positions = 32, pad_token_id = 0, bos_token_id = 1, eos_token_id = 2, decoder_start_token_id = 1",
+        inputs='[{ name = "input_features", shape = ["batch", 16, 32] }, { name = "decoder_input_ids", shape = '
+        '["batch", "target"], dtype = "int64", high = 99, keyword = true }]',
+        dims="{ batch = { min = 1, max = 4 }, target = { min = 1, max = 16 } }",
+    ),
+    hf(
+        "hubert",
+        SMALL_TEXT + ", conv_dim = [16, 16, 16], conv_stride = [5, 2, 2], conv_kernel = [10, 3, 3],"
+        " num_conv_pos_embeddings = 16, num_conv_pos_embedding_groups = 4",
+        inputs='[{ name = "input_values", shape = ["batch", "n"] }]',
+        dims="{ batch = { min = 1, max = 4 }, n = { min = 400, max = 4000, multiple_of = 20 } }",
+    ),
+    hf(
+        "yolos",
+        SMALL_VISION.replace("image_size = 32", "image_size = [32, 32]") + ", num_detection_tokens = 4",
+        "ObjectDetection",
+        inputs=PIXELS,
+        dims=BATCH,
+    ),
+    hf("bert", SMALL_TEXT),
     hf("dinov2", SMALL_VISION, inputs=PIXELS, dims=BATCH),
     hf("vit", SMALL_VISION, inputs=PIXELS, dims=BATCH),
     hf("siglip_vision_model", SMALL_VISION, inputs=PIXELS, dims=BATCH),
