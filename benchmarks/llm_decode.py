@@ -40,13 +40,13 @@ CONFIGS = {
 Step = Callable[[Any, Any], Any]  # (input_ids, cache_position) -> logits
 
 
-def spec_text(config: dict[str, int], vocab: int, prompt: int, max_cache: int, device: str, arch: str) -> str:
+def spec_text(config: dict[str, Any], vocab: int, prompt: int, max_cache: int, device: str, arch: str) -> str:
     target = (
         f'\n[[target]]\ndevice = "cuda"\narchs = ["{arch}"]\n\n[flags]\ncuda_graphs = true\n'
         if device == "cuda"
         else ""
     )
-    kwargs = "kwargs = { " + ", ".join(f"{k} = {v}" for k, v in {**config, "max_cache": max_cache}.items()) + " }\n"
+    kwargs = "kwargs = { " + ", ".join(f"{k} = {v!r}" for k, v in {**config, "max_cache": max_cache}.items()) + " }\n"
     entry = "llama"
     return (
         f'[project]\nname = "llm_bench"\n\n'
@@ -89,6 +89,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (torch.set_num_threads)")
+    parser.add_argument("--dtype", default="float32", help="the weights' and the KV cache's dtype")
     parser.add_argument("--skip", nargs="*", default=[], help="contenders to leave out")
     parser.add_argument("--results", type=Path, help="markdown file to write")
     args = parser.parse_args()
@@ -98,6 +99,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     report = Report()
     config, label = CONFIGS[args.config]
+    if args.dtype != "float32":
+        config, label = {**config, "dtype": args.dtype}, f"{label}, in {args.dtype}"
     max_cache = args.prompt + args.tokens
     device = torch.device(args.device)
     gpu = torch.cuda.get_device_name() if device.type == "cuda" else None

@@ -33,8 +33,10 @@ def llama(
     intermediate: int = 128,
     vocab: int = 128,
     max_cache: int = 64,
+    dtype: str = "float32",
 ) -> torch.nn.Module:
-    """LlamaForCausalLM behind TorchExportableModuleWithStaticCache: forward(input_ids, cache_position=...) -> logits."""
+    """LlamaForCausalLM behind TorchExportableModuleWithStaticCache: forward(input_ids, cache_position=...) -> logits;
+    its weights and KV cache in `dtype`."""
     config = transformers.LlamaConfig(
         hidden_size=hidden,
         num_hidden_layers=layers,
@@ -44,7 +46,7 @@ def llama(
         vocab_size=vocab,
         max_position_embeddings=max(128, max_cache),
     )
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(config).eval().to(getattr(torch, dtype))
     model.generation_config = transformers.GenerationConfig(
         use_cache=True,
         cache_implementation="static",
