@@ -24,19 +24,19 @@ def allowed(graph: Graph, want: Any, floor: float = 0.0) -> tuple[float, float]:
     least = max(floor, LEAST.get(str(want.dtype).removeprefix("torch."), 0.0))
     if not least:
         return graph.atol, graph.rtol
-    return max(graph.atol, least * _scale(want)), max(graph.rtol, least)
+    scale = max(1.0, largest(want)) if want.is_floating_point() else 1.0  # integers: an index is right or wrong
+    return max(graph.atol, least * scale), max(graph.rtol, least)
 
 
-def _scale(want: Any) -> float:
-    """The output's largest magnitude, at least 1, leaving out infinities and the sentinels masks are filled with
-    (torch.finfo(dtype).min); 1 for integers, which compare as they are (an index is right or wrong)."""
+def largest(want: Any) -> float:
+    """A tensor's largest magnitude, leaving out infinities, NaN and the sentinels masks are filled with
+    (torch.finfo(dtype).min); 0 where it has none."""
     import torch
 
-    if not want.is_floating_point() or not want.numel():
-        return 1.0
     magnitudes = want.detach().double().abs()
-    values = magnitudes[magnitudes < torch.finfo(want.dtype).max / 2]
-    return max(1.0, values.max().item()) if values.numel() else 1.0
+    if want.is_floating_point():
+        magnitudes = magnitudes[magnitudes < torch.finfo(want.dtype).max / 2]
+    return magnitudes.max().item() if magnitudes.numel() else 0.0
 
 
 def difference(graph: Graph, want: Any, got: Any, floor: float = 0.0) -> str:
