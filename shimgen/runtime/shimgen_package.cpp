@@ -126,6 +126,15 @@ at::TensorBase bytes_for(const Safetensors& file, const SafetensorsEntry& entry,
   return bytes;
 }
 
+// `bytes` as constant `c`'s dtype and shape, where they hold exactly its elements (state is: a buffer); else as they are.
+at::Tensor as_constant(const at::Tensor& bytes, const Constant& c) {
+  const std::optional<c10::ScalarType> t = scalar_type(c.dtype);
+  int64_t numel = 1;
+  for (int64_t size : c.shape) numel *= size;
+  if (!t || bytes.numel() != numel * static_cast<int64_t>(c10::elementSize(*t))) return bytes;
+  return bytes.view(*t).reshape(c.shape);
+}
+
 // A state dict's name for the constant's weight.
 std::string weight_name(const Constant& c) {
   const std::string& fqn = c.fqn.empty() ? c.name : c.fqn;
@@ -359,6 +368,7 @@ Package::Package(const PackageInfo& info, const std::string& directory) : info_(
       else group = unit.graph->state_group();
     }
   }
+  state_group_ = group;
   const bool gpu = gpu_available();
   for (auto& unit : units_) {
     if (!unit->spec.cuda || gpu) start(*unit);
@@ -415,7 +425,8 @@ void Package::start(Unit& unit) {
 // these bytes the first time), as _shimgen_weights.Weights._with_state does.
 void Package::give(Unit& unit, Given& given) {
   if (unit.graph->stateful()) {
-    auto& live = live_[std::string(unit.spec.cuda ? "cuda" : "cpu") + '\n' + unit.info.state_owner];
+    const std::string key = state_key(unit);
+    auto& live = live_[key];
     for (size_t m = 0; m < given.size(); ++m) {
       for (size_t i = 0; i < given[m].size() && i < unit.constants[m].size(); ++i) {
         const std::string& fqn = unit.constants[m][i].fqn;
@@ -424,6 +435,7 @@ void Package::give(Unit& unit, Given& given) {
         if (it == live.end()) {
           if (!given[m][i].defined()) continue;
           it = live.emplace(fqn, at::Tensor(given[m][i]).clone()).first;
+          initial_[key].emplace(fqn, as_constant(it->second.clone(), unit.constants[m][i]));
         }
         given[m][i] = it->second;
       }
@@ -431,6 +443,60 @@ void Package::give(Unit& unit, Given& given) {
   }
   std::vector<WeightSet> retired;
   unit.graph->set_weights(given, retired);
+}
+
+std::string Package::state_key(const Unit& unit) {
+  return std::string(unit.spec.cuda ? "cuda" : "cpu") + '\n' + unit.info.state_owner;
+}
+
+// The state tensors a started unit's dynamic model reads and writes where it runs, by weight name: on the CPU its
+// live bytes, typed; on a GPU its device copies, once its first call made them (before, the live bytes).
+std::vector<std::pair<std::string, at::Tensor>> Package::unit_state(Unit& unit) {
+  std::vector<std::pair<std::string, at::Tensor>> held;
+  const auto& initial = initial_[state_key(unit)];
+  if (unit.spec.cuda) {
+    std::unordered_map<std::string, std::string> fqns;
+    for (const Constant& c : unit.constants[0]) fqns[c.name] = c.fqn;
+    for (auto& [name, t] : unit.graph->state_of(unit.graph->model(0))) held.emplace_back(fqns[name], at::Tensor(t));
+    if (!held.empty()) return held;
+  }
+  for (auto& [fqn, bytes] : live_[state_key(unit)]) {
+    const at::Tensor& first = initial.at(fqn);
+    const bool untyped = first.scalar_type() == bytes.scalar_type() && first.sizes() == bytes.sizes();
+    held.emplace_back(fqn, untyped ? bytes : bytes.view(first.scalar_type()).reshape(first.sizes()));
+  }
+  return held;
+}
+
+std::map<std::string, at::Tensor> Package::state(bool cuda) {
+  std::map<std::string, at::Tensor> result;
+  if (!state_group_) return result;
+  std::lock_guard<std::mutex> turn(state_group_->calls);
+  std::lock_guard<std::mutex> lock(weights_mutex_);
+  std::vector<std::string> owners;
+  for (auto& unit : units_) {
+    const std::string& owner = unit->info.state_owner;
+    if (!unit->ready || !unit->graph->stateful() || unit->spec.cuda != cuda) continue;
+    if (std::find(owners.begin(), owners.end(), owner) != owners.end()) continue;
+    const bool first = owners.empty();
+    owners.push_back(owner);
+    for (auto& [fqn, t] : unit_state(*unit)) {
+      const std::string weight = fqn.rfind(kWeightPrefix, 0) == 0 ? fqn.substr(std::strlen(kWeightPrefix)) : fqn;
+      result[first || !result.count(weight) ? weight : std::string(unit->spec.name) + "." + weight] = t.clone();
+    }
+  }
+  return result;
+}
+
+void Package::reset_state() {
+  if (!state_group_) return;
+  std::lock_guard<std::mutex> turn(state_group_->calls);
+  std::lock_guard<std::mutex> lock(weights_mutex_);
+  for (auto& unit : units_) {
+    if (!unit->ready || !unit->graph->stateful()) continue;
+    const auto& initial = initial_[state_key(*unit)];
+    for (auto& [fqn, t] : unit_state(*unit)) t.copy_(initial.at(fqn));
+  }
 }
 
 std::string Package::unit_name(const Unit& unit) const {

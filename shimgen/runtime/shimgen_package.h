@@ -67,6 +67,13 @@ class Package {
   // Throws Error.
   void load_weights(const std::string& path);
 
+  // Copies of the state the graphs mutate, by weight name, as the last call left it, on `cuda`'s units or the CPU's.
+  // Where graphs of different modules hold state of one name, the later are named "<graph>.<weight>", as the Python
+  // package's state() names them. Waits for the state group's calls.
+  std::map<std::string, at::Tensor> state(bool cuda);
+  // Puts the state back to the values the package was built with, on every device. Waits for the state group's calls.
+  void reset_state();
+
  private:
   struct Unit;
   using Given = std::vector<std::vector<at::TensorBase>>;  // per model, per constant
@@ -74,12 +81,17 @@ class Package {
   void start(Unit& unit);
   void give(Unit& unit, Given& given);
   std::string unit_name(const Unit& unit) const;
+  static std::string state_key(const Unit& unit);
+  std::vector<std::pair<std::string, at::Tensor>> unit_state(Unit& unit);
 
   PackageInfo info_;
   std::string directory_;
   std::mutex weights_mutex_;  // one load at a time; guards live_
-  // The state: by device and state owner, then by weight (Constant::fqn), the live bytes those units read and write.
+  // The state: by device and state owner, then by weight (Constant::fqn), the live bytes those units read and write,
+  // and the values they started from, typed.
   std::map<std::string, std::unordered_map<std::string, at::Tensor>> live_;
+  std::map<std::string, std::unordered_map<std::string, at::Tensor>> initial_;
+  StateGroup* state_group_ = nullptr;  // the package's, where a graph mutates state
   std::vector<std::unique_ptr<StateGroup>> groups_;  // those the graphs made: one is the package's, the others unused
   std::vector<std::unique_ptr<Unit>> units_;         // destroyed first: they use the state and the groups
 };

@@ -134,3 +134,28 @@ def test_cpp_package_keeps_the_state_across_calls_and_graphs(built_counter: dict
             model(x)
         want = model(x)
     torch.testing.assert_close(read_tensors(tmp_path / "out.bin"), [want], rtol=1e-5, atol=1e-5)
+
+
+def test_cpp_package_reads_and_resets_the_state(built_counter: dict[str, Any], tmp_path: Path) -> None:
+    """From C++: Package::state() gives the buffers as eager's after its calls; after reset_state() a call sees the
+    initial state again, as a fresh model's first call."""
+    program = pkg_config_program(Path(built_counter["cpp_prefix"]), "counter", tmp_path / "run_graph")
+    x = torch.randn(1, 8, generator=torch.Generator().manual_seed(3))
+    done = run_graph(program, "step", [x], tmp_path, "--repeat", "2", "--state", str(tmp_path / "state.bin"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["count", "other.count", "other.total", "total"]
+    model = eager_counter()
+    with torch.no_grad():
+        for _ in range(2):
+            model(x)
+    # step's and peek's module, and graph other's (a module of its own, not called), named after it
+    state = read_tensors(tmp_path / "state.bin")
+    untouched = eager_counter()
+    want = [model.count, untouched.count, untouched.total, model.total]
+    torch.testing.assert_close(state, want, rtol=1e-5, atol=1e-5)
+
+    done = run_graph(program, "step", [x], tmp_path, "--repeat", "3", "--reset", "1", "--then", "peek")
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        want = eager_counter()(x)
+    torch.testing.assert_close(read_tensors(tmp_path / "out.bin"), [want], rtol=1e-5, atol=1e-5)
