@@ -1272,11 +1272,11 @@ ONEDNN_MISMATCH = (
 
 
 def _generated_without_onednn(job: Job, units: list[Unit], mismatch: MismatchError) -> list[Unit]:
-    """The units generated again, the one whose code computed otherwise without oneDNN, where oneDNN's fusions may be
-    why: code generated with them and not checked before (code that passed the check before is the same code, so
-    the difference lies elsewhere). Else `mismatch` is raised, saying where oneDNN was already left out or (with
-    custom ops, whose codegen runs in this process, where Inductor's oneDNN passes stay once registered) could not be.
-    The lockfile keeps the unit's fallback."""
+    """The units generated again, the differing unit now without oneDNN, where oneDNN's fusions may be why it
+    differed: its code was just generated with them (code that passed the check before is the same code, so the
+    difference lies elsewhere). Otherwise `mismatch` is raised, noting where the unit already ran without oneDNN, or
+    naming the flag where the fallback cannot run (custom ops: their codegen runs in this process, where Inductor's
+    oneDNN passes stay registered). The lockfile keeps the fallback (`_update_lockfile`)."""
     found = next(
         (
             (name, u.target, code)
