@@ -127,7 +127,7 @@ def test_a_graph_that_computes_otherwise_with_onednn_is_generated_again_without(
     assert [unit.get("onednn_off") for unit in lock["units"].values()] == [why]
 
     package = import_package(built.summary())
-    graph, eager, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
+    _, eager, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
     with torch.no_grad():
         torch.testing.assert_close(package.heads(x, scale=scale), eager(x, scale=scale), rtol=1e-5, atol=1e-5)
 
