@@ -185,12 +185,15 @@ def _fields(value: Any, children: list[Any], names: list[str] | None) -> str:
 
 
 def _compare_tensors(graph: Graph, label: str, path: str, want: Any, have: Any) -> Comparison:
+    import torch
+
     if want.shape != have.shape or want.dtype != have.dtype:
         mismatch = f"{path} {tuple(have.shape)}/{have.dtype} != {tuple(want.shape)}/{want.dtype}"
         return Comparison(graph.name, label, mismatch, float("inf"), float("nan"), False)
     a, b = have.double(), want.double()
     diff = (a - b).abs()
     max_abs = diff.max().item() if diff.numel() else 0.0
-    ok = not tolerance.difference(graph, want, have)
+    atol, rtol = tolerance.allowed(graph, want)
+    ok = bool(torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True))
     dtype = str(want.dtype).removeprefix("torch.")
     return Comparison(graph.name, label, path, max_abs, tolerance.largest(want), ok, dtype)

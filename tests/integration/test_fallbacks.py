@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,19 +49,28 @@ REFUSED = "vectorized kernels refused by this test"
 def refusing_compiler(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Codegen as it is, except that vectorized kernels do not compile; the list records each codegen's
     scalar_kernels argument."""
-    real = codegen.generate
     calls: list[str] = []
 
-    def generate(*args: Any, **kwargs: Any) -> CodegenResult:
-        result = real(*args, **kwargs)
+    def refuse(result: CodegenResult, kwargs: dict[str, Any]) -> None:
         calls.append(kwargs.get("scalar_kernels", ""))
         for path in result.kernels:
             if "at::vec::" in path.read_text():
                 path.write_text(path.read_text() + f'\n#error "{REFUSED}"\n')
+
+    _after_codegen(monkeypatch, refuse)
+    return calls
+
+
+def _after_codegen(monkeypatch: pytest.MonkeyPatch, after: Callable[[CodegenResult, dict[str, Any]], None]) -> None:
+    """codegen.generate in this process followed by `after(result, its keyword arguments)`."""
+    real = codegen.generate
+
+    def generate(*args: Any, **kwargs: Any) -> CodegenResult:
+        result = real(*args, **kwargs)
+        after(result, kwargs)
         return result
 
     monkeypatch.setattr(codegen, "generate", generate)
-    return calls
 
 
 def test_refused_vectorized_kernels_are_generated_again_scalar(
@@ -91,11 +101,9 @@ def test_refused_vectorized_kernels_are_generated_again_scalar(
 def onednn_miscompiling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Codegen as it is, except that a graph generated with oneDNN (in this process) computes otherwise: its weights
     file scaled. The list records each such codegen's model source."""
-    real = codegen.generate
     models: list[str] = []
 
-    def generate(*args: Any, **kwargs: Any) -> CodegenResult:
-        result = real(*args, **kwargs)
+    def miscompile(result: CodegenResult, kwargs: dict[str, Any]) -> None:
         assert not kwargs.get("onednn_off"), "a codegen without oneDNN runs in a new interpreter"
         assert result.weights_file is not None
         models.append(result.model.read_text())
@@ -103,9 +111,8 @@ def onednn_miscompiling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         (length,) = struct.unpack("<Q", data[:8])
         scaled = torch.frombuffer(bytearray(data[8 + length :]), dtype=torch.float32) * 1.5
         result.weights_file.write_bytes(data[: 8 + length] + scaled.numpy().tobytes())
-        return result
 
-    monkeypatch.setattr(codegen, "generate", generate)
+    _after_codegen(monkeypatch, miscompile)
     return models
 
 

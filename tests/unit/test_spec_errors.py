@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -713,6 +714,22 @@ class HybridDecoder(torch.nn.Module):
         return self.model(tensors[0], attention_mask=tensors[1]).logits
 
 
+def _tokens_graph(tmp_path: Path, batch: str, seq: str) -> Graph:
+    """The good spec's graph with token inputs (ids, mask) over dims `batch` and `seq` (TOML tables)."""
+    spec = tmp_path / "tokens.toml"
+    text = edited(GOOD_GRAPH, '[{ name = "x", shape = ["batch", 32] }]', TOKENS)
+    spec.write_text(PROJECT + edited(text, "{ min = 1, max = 8 }", f"{batch}, seq = {seq}"))
+    return load_spec(spec).graph[0]
+
+
+def _equal_at(program: Any, model: torch.nn.Module, sizes: tuple[tuple[int, int], ...]) -> None:
+    """The exported program computes what the model does at each (batch, seq)."""
+    with torch.no_grad():
+        for batch, seq in sizes:
+            ids = torch.randint(0, 99, (batch, seq))
+            torch.testing.assert_close(program.module()(ids, torch.ones_like(ids)), model(ids, torch.ones_like(ids)))
+
+
 def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range_it_can(tmp_path: Path) -> None:
     """Bamba pads its sequence to whole chunks of 16, a path that a sequence of whole chunks does not take. Over [2, 32]
     torch's suggested fixes assert ("Cannot create Dim with inconsistent min=2, max=2") before listing the conditions:
@@ -723,10 +740,7 @@ def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range
     from shimgen.trace import dims as trace_dims
 
     def graph(seq: str) -> Graph:
-        spec = tmp_path / "bamba.toml"
-        text = edited(GOOD_GRAPH, '[{ name = "x", shape = ["batch", 32] }]', TOKENS)
-        spec.write_text(PROJECT + edited(text, "{ min = 1, max = 8 }", f"{{ min = 2, max = 4 }}, seq = {seq}"))
-        return load_spec(spec).graph[0]
+        return _tokens_graph(tmp_path, "{ min = 2, max = 4 }", seq)
 
     torch.manual_seed(0)
     model = HybridDecoder()
@@ -742,17 +756,14 @@ def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range
 
     program = trace_dims.export(model, [ids, torch.ones_like(ids)], graph("{ min = 17, max = 31 }"), "graph[0]")
     assert internals.input_size_ranges(program) == {(0, 0): (2, 4), (0, 1): (17, 31), (1, 0): (2, 4), (1, 1): (17, 31)}
-    with torch.no_grad():
-        for batch, seq in ((2, 17), (3, 24), (4, 31)):
-            ids = torch.randint(0, 99, (batch, seq))
-            torch.testing.assert_close(program.module()(ids, torch.ones_like(ids)), model(ids, torch.ones_like(ids)))
+    _equal_at(program, model, ((2, 17), (3, 24), (4, 31)))
 
 
-class Mamba2Decoder(torch.nn.Module):
+class Mamba2Decoder(HybridDecoder):
     """transformers' Mamba-2 from a small config (its sequence padded to whole chunks of 256)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        torch.nn.Module.__init__(self)
         import transformers
 
         config = transformers.AutoConfig.for_model(
@@ -760,9 +771,6 @@ class Mamba2Decoder(torch.nn.Module):
             n_groups=1, use_cache=False,
         )  # fmt: skip
         self.model = transformers.AutoModelForCausalLM.from_config(config).eval()
-
-    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        return self.model(tensors[0], attention_mask=tensors[1]).logits
 
 
 def test_a_bound_that_torch_finds_only_once_another_dim_is_hinted_narrows_the_range(tmp_path: Path) -> None:
@@ -773,10 +781,7 @@ def test_a_bound_that_torch_finds_only_once_another_dim_is_hinted_narrows_the_ra
     from shimgen.trace import dims as trace_dims
 
     def graph(batch: str) -> Graph:
-        spec = tmp_path / "mamba2.toml"
-        text = edited(GOOD_GRAPH, '[{ name = "x", shape = ["batch", 32] }]', TOKENS)
-        spec.write_text(PROJECT + edited(text, "{ min = 1, max = 8 }", f"{batch}, seq = {{ min = 2, max = 32 }}"))
-        return load_spec(spec).graph[0]
+        return _tokens_graph(tmp_path, batch, "{ min = 2, max = 32 }")
 
     torch.manual_seed(0)
     model = Mamba2Decoder()
@@ -786,10 +791,7 @@ def test_a_bound_that_torch_finds_only_once_another_dim_is_hinted_narrows_the_ra
     assert (raised.value.dim, raised.value.raised_min) == ("batch", 2), raised.value.message
 
     program = trace_dims.export(model, [ids, torch.ones_like(ids)], graph("{ min = 2, max = 4 }"), "graph[0]")
-    with torch.no_grad():
-        for batch, seq in ((2, 2), (3, 17), (4, 32)):
-            ids = torch.randint(0, 99, (batch, seq))
-            torch.testing.assert_close(program.module()(ids, torch.ones_like(ids)), model(ids, torch.ones_like(ids)))
+    _equal_at(program, model, ((2, 2), (3, 17), (4, 32)))
 
 
 class Counting(torch.nn.Module):
