@@ -652,6 +652,48 @@ def test_counter_state_on_cuda_across_graphs_and_threads(workdir: Path) -> None:
     assert counter.state("cuda")["count"].item() == 0.0
 
 
+def test_cpp_package_reads_and_resets_the_state_on_cuda(workdir: Path, tmp_path: Path) -> None:
+    """From C++ on the GPU: Package::state(true) gives the device buffers as eager's after its calls (CUDA graphs on,
+    so the captured graph's writes must land in them), and reset_state() puts them back for the next call."""
+    major, minor = torch.cuda.get_device_capability()
+    spec = workdir / "projects" / "counter_cpp_cuda.toml"
+    spec.write_text(
+        '[project]\nname = "counter_cpp_cuda"\n\n[[graph]]\nname = "step"\nentry = "models.stateful:Counter"\n'
+        'inputs = [{ name = "x", shape = [1, 8] }]\n\n'
+        f'[[target]]\ndevice = "cuda"\narchs = ["sm_{major}{minor}"]\n\n[flags]\ncuda_graphs = true\n'
+    )
+    summary = build_json(spec, workdir)
+    program = cmake_built_program(Path(summary["cpp_prefix"]), summary["name"], "step", tmp_path / "build")
+    model, [x] = eager(spec, 0, "cuda")
+    done = run_graph(
+        program,
+        "step",
+        [x.cpu()],
+        tmp_path,
+        "--device",
+        "cuda",
+        "--repeat",
+        "3",
+        "--state",
+        str(tmp_path / "state.bin"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["count", "total"]
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+    torch.testing.assert_close(read_tensors(tmp_path / "state.bin"), [model.count.cpu(), model.total.cpu()])
+
+    done = run_graph(
+        program, "step", [x.cpu()], tmp_path, "--device", "cuda", "--repeat", "2", "--reset", "1", "--then", "step"
+    )
+    assert done.returncode == 0, done.stderr
+    model, _ = eager(spec, 0, "cuda")
+    with torch.no_grad():
+        want = model(x)
+    torch.testing.assert_close(read_tensors(tmp_path / "out.bin"), [want.cpu()])
+
+
 def test_a_graph_computing_partly_on_the_cpu_builds_beside_one_that_does_not(workdir: Path, tmp_path: Path) -> None:
     """A mask made on the CPU from the dynamic batch (timm's EdgeNeXt does so) leaves CPU kernels in the CUDA graph,
     whose runtime interface then includes the CPU's headers too; the batch-1 variant's mask is a constant. The target
