@@ -465,6 +465,106 @@ CASES = [
         dims=BATCH,
     ),
 ]
+# a detector, depth, two towers, sparse and disentangled attention, translation, audio, video and a time series
+SEQ2SEQ = "encoder_attention_heads = 4, decoder_attention_heads = 4, encoder_ffn_dim = 37, decoder_ffn_dim = 37"
+TEXT_AND_TARGET = TEXT[:-1] + (
+    ', { name = "decoder_input_ids", shape = ["batch", "target"], dtype = "int64", high = 99, keyword = true }]'
+)
+BATCH_SEQ_TARGET = BATCH_SEQ[:-1] + ", target = { min = 1, max = 16 } }"
+CASES += [
+    hf(
+        "detr",
+        'use_timm_backbone = false, use_pretrained_backbone = false, backbone_config = { model_type = "resnet",'
+        ' embedding_size = 8, hidden_sizes = [8, 16, 32, 64], depths = [1, 1, 1, 1], out_features = ["stage4"] },'
+        " d_model = 32, encoder_layers = 1, decoder_layers = 1, num_queries = 5, num_labels = 3, " + SEQ2SEQ,
+        "ObjectDetection",
+        inputs=PIXELS.replace("32, 32", "64, 64"),
+        dims=BATCH,
+    ),
+    hf(
+        "dpt",
+        SMALL_VISION.replace("num_hidden_layers = 2", "num_hidden_layers = 4")
+        + ", backbone_out_indices = [0, 1, 2, 3],"
+        " neck_hidden_sizes = [8, 16, 32, 32], fusion_hidden_size = 16, reassemble_factors = [4, 2, 1, 0.5]",
+        "DepthEstimation",
+        inputs=PIXELS,
+        dims=BATCH,
+    ),
+    hf(
+        "clip",
+        "projection_dim = 16, text_config = { "
+        + SMALL_TEXT
+        + ", max_position_embeddings = 32 }, vision_config = { "
+        + SMALL_VISION
+        + " }",
+        inputs=TEXT[:-1] + ', { name = "pixel_values", shape = ["batch", 3, 32, 32], keyword = true }]',
+    ),
+    hf("longformer", SMALL_TEXT + ", attention_window = 4, max_position_embeddings = 64"),
+    hf("convbert", SMALL_TEXT),
+    hf("deberta", SMALL_TEXT),
+    hf("xlnet", "d_model = 32, n_layer = 2, n_head = 4, d_inner = 37, vocab_size = 99"),
+    hf("gpt_bigcode", "n_embd = 32, n_layer = 2, n_head = 4, n_positions = 64, vocab_size = 99", "CausalLM"),
+    hf(
+        "marian",
+        "d_model = 32, encoder_layers = 2, decoder_layers = 2, vocab_size = 99, pad_token_id = 0,"
+        " decoder_start_token_id = 0, " + SEQ2SEQ,
+        inputs=TEXT_AND_TARGET,
+        dims=BATCH_SEQ_TARGET,
+    ),
+    hf(
+        "pegasus",
+        "d_model = 32, encoder_layers = 2, decoder_layers = 2, vocab_size = 99, pad_token_id = 0,"
+        " decoder_start_token_id = 0, " + SEQ2SEQ,
+        inputs=TEXT_AND_TARGET,
+        dims=BATCH_SEQ_TARGET,
+    ),
+    hf(
+        "wavlm",
+        SMALL_TEXT + ", conv_dim = [16, 16, 16], conv_stride = [5, 2, 2], conv_kernel = [10, 3, 3],"
+        " num_conv_pos_embeddings = 16, num_conv_pos_embedding_groups = 4, num_buckets = 32, max_bucket_distance = 64",
+        inputs='[{ name = "input_values", shape = ["batch", "n"] }]',
+        dims="{ batch = { min = 1, max = 4 }, n = { min = 400, max = 4000, multiple_of = 20 } }",
+    ),
+    hf(
+        "audio-spectrogram-transformer",
+        "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 37, num_mel_bins = 16,"
+        " max_length = 32, patch_size = 8, frequency_stride = 8, time_stride = 8",
+        inputs='[{ name = "input_values", shape = ["batch", 32, 16] }]',
+        dims=BATCH,
+    ),
+    hf(
+        "videomae",
+        SMALL_VISION + ", num_frames = 4, tubelet_size = 2",
+        inputs='[{ name = "pixel_values", shape = ["batch", 4, 3, 32, 32] }]',
+        dims=BATCH,
+    ),
+    hf(
+        "mobilevit",
+        "image_size = 32, hidden_sizes = [16, 24, 32], neck_hidden_sizes = [8, 8, 16, 16, 24, 32, 64]",
+        inputs=PIXELS,
+        dims=BATCH,
+    ),
+    hf(
+        "levit",
+        "image_size = 32, hidden_sizes = [16, 32, 48], num_attention_heads = [1, 2, 3], depths = [1, 1, 1],"
+        " key_dim = [8, 8, 8]",
+        inputs=PIXELS,
+        dims=BATCH,
+    ),
+    hf(
+        "regnet",
+        "embedding_size = 8, hidden_sizes = [8, 16, 24, 32], depths = [1, 1, 1, 1], groups_width = 8",
+        inputs=PIXELS,
+        dims=BATCH,
+    ),
+    hf(
+        "patchtst",
+        "num_input_channels = 3, context_length = 32, patch_length = 8, patch_stride = 8, d_model = 16,"
+        " num_attention_heads = 2, num_hidden_layers = 2, ffn_dim = 32",
+        inputs='[{ name = "past_values", shape = ["batch", 32, 3] }]',
+        dims=BATCH,
+    ),
+]
 # a few of each kind again in bfloat16 ("+bf16"), as LLMs and many vision models ship: weights and float inputs
 LOW_PRECISION = (
     "transformers:llama/CausalLM",
@@ -551,6 +651,7 @@ def sweep_one(case: Case, device: str, work: Path, gpu: int | None, threads: int
         return "build failed", first_lines(built.stderr), time.perf_counter() - start
     summary = json.loads(built.stdout)
     scalar, onednn_off = summary.get("scalar_kernels", {}), summary.get("onednn_off", {})
+    templates_off = summary.get("gemm_templates_off", {})
     checked = subprocess.run(
         [*command, "check", str(spec), "--out", str(directory / "out")],
         capture_output=True,
@@ -563,6 +664,7 @@ def sweep_one(case: Case, device: str, work: Path, gpu: int | None, threads: int
         return "check failed", first_lines(checked.stderr + checked.stdout), seconds
     notes = [f"{unit}: scalar kernels ({why[:200]})" for unit, why in scalar.items()]
     notes += [f"{unit}: without oneDNN ({why[:200]})" for unit, why in onednn_off.items()]
+    notes += [f"{unit}: without GEMM templates ({why[:200]})" for unit, why in templates_off.items()]
     return "passed", "; ".join(notes), seconds
 
 

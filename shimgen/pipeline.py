@@ -88,6 +88,7 @@ class BuildOutput:
     untimed_gemms: dict[str, tuple[tuple[tuple[str, ...], int], ...]] = field(default_factory=dict)  # by unit
     scalar_kernels: dict[str, str] = field(default_factory=dict)  # by unit: why its CPU kernels are not vectorized
     onednn_off: dict[str, str] = field(default_factory=dict)  # by unit: why it was generated without oneDNN
+    gemm_templates_off: dict[str, str] = field(default_factory=dict)  # by unit: why its GEMMs were not timed
     identifiers: list[str] = field(default_factory=list)  # the matrix's build identifiers this package covers
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
@@ -124,6 +125,7 @@ class BuildOutput:
             },
             "scalar_kernels": self.scalar_kernels,
             "onednn_off": self.onednn_off,
+            "gemm_templates_off": self.gemm_templates_off,
             "identifiers": self.identifiers,
             "shared_cache": self.shared_cache,
             "timeline": [
@@ -499,6 +501,9 @@ def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: Refe
         untimed_gemms={name: code.untimed_gemms for u in units for name, code in u.generated if code.untimed_gemms},
         scalar_kernels={name: code.scalar_kernels for u in units for name, code in u.generated if code.scalar_kernels},
         onednn_off={name: code.onednn_off for u in units for name, code in u.generated if code.onednn_off},
+        gemm_templates_off={
+            name: code.gemm_templates_off for u in units for name, code in u.generated if code.gemm_templates_off
+        },
         identifiers=[
             matrix.BuildId(
                 python=tc.python_version,
@@ -730,6 +735,7 @@ def _generate_all(job: Job, traced_all: Callable[[list[UnitPrograms], set[str]],
                     vec_isas=None if gpu or fallbacks.scalar_kernels else _vec_isas_record(job.tools().tc),
                     onednn_threads=codegen.packing_threads(target, flags),
                     onednn_off=fallbacks.onednn_off,
+                    gemm_templates_off=fallbacks.gemm_templates_off,
                 ),
             )
         )
@@ -739,14 +745,15 @@ def _generate_all(job: Job, traced_all: Callable[[list[UnitPrograms], set[str]],
         task = next(task for unit, task in to_generate if unit == name)
         # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
         torch_version, vectorize = job.tc.torch_version, not task.scalar_kernels
+        flags = _unit_flags(task.flags, lockfile.Fallbacks(gemm_templates_off=generated.gemm_templates_off))
         sets = job.tuning.locked.units.get(lockfile.section(name, torch_version), ())
         used = lockfile.Measured(generated.autotune_timings)
         timings = [measured.timings for measured in lockfile.merged(sets, used)]
         generated = dataclasses.replace(
             generated,
-            key=codegen.codegen_key(task.traced, task.target, task.flags, timings, torch_version, vectorize=vectorize),
+            key=codegen.codegen_key(task.traced, task.target, flags, timings, torch_version, vectorize=vectorize),
             structure_key=codegen.codegen_key(
-                task.traced, task.target, task.flags, timings, torch_version, values=False, vectorize=vectorize
+                task.traced, task.target, flags, timings, torch_version, values=False, vectorize=vectorize
             ),
         )
         state.commit(f"unit:codegen:{name}", generated)
@@ -786,13 +793,15 @@ def _fallbacks(job: Job, name: str) -> lockfile.Fallbacks:
     if job.tuning.retune:
         return found
     kept = job.tuning.locked.fallbacks.get(lockfile.section(name, job.tc.torch_version), lockfile.Fallbacks())
-    return lockfile.Fallbacks(
-        scalar_kernels=found.scalar_kernels or kept.scalar_kernels, onednn_off=found.onednn_off or kept.onednn_off
-    )
+    return lockfile.Fallbacks(**{why: getattr(found, why) or getattr(kept, why) for why in vars(found)})
 
 
 def _unit_flags(flags: Flags, fallbacks: lockfile.Fallbacks) -> Flags:
-    return dataclasses.replace(flags, onednn=False) if fallbacks.onednn_off else flags
+    if fallbacks.onednn_off:
+        flags = dataclasses.replace(flags, onednn=False)
+    if fallbacks.gemm_templates_off:
+        flags = dataclasses.replace(flags, gemm_autotune=False)
+    return flags
 
 
 def _variant_works(works: list[Any], g: Graph, t: Target) -> list[tuple[str, dict[str, int]]]:
@@ -1178,7 +1187,11 @@ def _update_lockfile(job: Job, units: list[Unit]) -> None:
     written = {
         lockfile.section(name, torch): (
             lockfile.Measured(code.autotune_timings, to_json(code.kernel_choices)),
-            lockfile.Fallbacks(scalar_kernels=code.scalar_kernels, onednn_off=_fallbacks(job, name).onednn_off),
+            lockfile.Fallbacks(
+                scalar_kernels=code.scalar_kernels,
+                onednn_off=_fallbacks(job, name).onednn_off,
+                gemm_templates_off=code.gemm_templates_off,
+            ),
         )
         for u in units
         for name, code in u.generated

@@ -143,6 +143,7 @@ class CodegenResult:
     state: tuple[str, ...] = ()  # the weights the model mutates (TraceResult.state)
     scalar_kernels: str = ""  # why its CPU kernels are not vectorized: the compiler refused the vectorized ones
     onednn_off: str = ""  # why it was generated without oneDNN
+    gemm_templates_off: str = ""  # why its GEMMs were not timed against Inductor's templates (flags.gemm_autotune)
     packed_threads: int | None = None  # the threads its oneDNN weights are packed for, where it has any
     checked: bool = False  # a package check ran this code at every size (its weights may since have been refitted)
 

@@ -61,6 +61,7 @@ class CodegenTask:
     vec_isas: Path | None = None  # where the compiler's and CPU's vector ISAs are kept (codegen._vec_isas_kept)
     onednn_threads: int | None = None  # what oneDNN's weights are packed for (codegen.packing_threads)
     onednn_off: str = ""  # why the graph is generated without oneDNN
+    gemm_templates_off: str = ""  # why the graph is generated without GEMM templates as candidates
 
 
 @contextlib.contextmanager
@@ -112,7 +113,11 @@ def _codegen(task: CodegenTask, ops: CustomOps | None) -> CodegenResult:
                 vec_isas=task.vec_isas,
                 onednn_threads=task.onednn_threads,
                 onednn_off=task.onednn_off,
+                gemm_templates_off=task.gemm_templates_off,
             )
+    except codegen.TemplatesFailed as failed:
+        why = f"Inductor failed on the graph with them as candidates ({failed.failure})"
+        return _codegen(dataclasses.replace(task, gemm_templates_off=why), ops)
     except codegen.SizeFixed as fixed:
         if not fixed.by_onednn or task.onednn_off or ops is not None:  # custom ops: loaded in this process only
             raise SpecError("", task.where, str(fixed)) from None

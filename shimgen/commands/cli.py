@@ -374,6 +374,8 @@ def _print_fallbacks(result: BuildOutput) -> None:
     """What the build fell back on, which costs speed: `build` and `check` both say it."""
     for unit, why in result.onednn_off.items():
         print(f"  {unit}: generated without oneDNN: {why}", file=sys.stderr)
+    for unit, why in result.gemm_templates_off.items():
+        print(f"  {unit}: GEMMs not timed against Inductor's templates: {why}", file=sys.stderr)
     for unit, why in result.scalar_kernels.items():
         print(
             f"  {unit}: CPU kernels not vectorized: the compiler refused the vectorized ones ({why})", file=sys.stderr

@@ -268,17 +268,21 @@ def generate(
     vec_isas: Path | None = None,
     onednn_threads: int | None = None,
     onednn_off: str = "",
+    gemm_templates_off: str = "",
 ) -> CodegenResult:
     """Write interface.cpp, model.cpp, kernels_<k>.cpp and weights.o for one graph and target into out_dir;
     for CUDA also `<kernel>.ptx` and `triton/<kernel>.py`; extern_nodes.json where the graph calls ops through the
     dispatcher at run time. Kernel choices come from the `locked` timings where they have them (unless `retune`).
     With `scalar_kernels` (why), the CPU kernels are not vectorized. `vec_isas` keeps which vector ISAs the compiler
     and CPU support (`_vec_isas_kept`); oneDNN's weights are packed for `onednn_threads` (`packing_threads`). With
-    `onednn_off` (why), the graph is generated without oneDNN. The directory is replaced whole, only on success."""
+    `onednn_off` (why), the graph is generated without oneDNN; with `gemm_templates_off` (why), without timing its
+    GEMMs against Inductor's templates. The directory is replaced whole, only on success."""
     import torch
 
     if onednn_off:
         flags = dataclasses.replace(flags, onednn=False)
+    if gemm_templates_off:
+        flags = dataclasses.replace(flags, gemm_autotune=False)
 
     staging = out_dir.with_name(out_dir.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
@@ -316,7 +320,10 @@ def generate(
             refused = _cause(exc, user_triton.UserKernelError)
             if isinstance(refused, user_triton.UserKernelError):
                 raise UserError(refused.message) from None
-            raise UserError(f"Inductor could not compile the graph: {type(exc).__name__}: {failure(str(exc))}") from exc
+            failed = f"{type(exc).__name__}: {failure(str(exc))}"
+            if uses_gemm_templates(flags):
+                raise TemplatesFailed(failed) from exc
+            raise UserError(f"Inductor could not compile the graph: {failed}") from exc
         files, ptx = _extract(package)
     _refuse_specialized(program, uses_onednn(target, flags))
     interface, model, kernels = split_wrapper(files[".wrapper.cpp"].decode(), flags.split, KERNEL_FILE_BYTES)
@@ -369,7 +376,24 @@ def generate(
         scalar_kernels=scalar_kernels,
         packed_threads=onednn_threads if any(c.layout == "_mkldnn" for c in constants) else None,
         onednn_off=onednn_off,
+        gemm_templates_off=gemm_templates_off,
     )
+
+
+class TemplatesFailed(UserError):
+    """Inductor failed on a graph whose GEMMs had its templates as candidates (flags.gemm_autotune). Its C++ GEMM
+    template fails on some epilogues that the library kernels take (a linear layer's output viewed 3-D, in
+    transformers' LeViT), so the graph is generated again without them."""
+
+    def __init__(self, failure: str) -> None:
+        super().__init__(f"Inductor could not compile the graph: {failure}")
+        self.failure = failure
+
+
+def uses_gemm_templates(flags: Flags) -> bool:
+    """Whether Inductor's GEMM templates are timed by `gemm_autotune` alone; with max_autotune or tma the user asked for
+    them."""
+    return flags.gemm_autotune and not (flags.max_autotune or flags.tma)
 
 
 def _write_cuda_kernels(model: str, ptx: dict[str, bytes], out_dir: Path) -> tuple[list[str], list[str]]:

@@ -256,7 +256,8 @@ class Flags:
         "convolutions stay on cuDNN. Where timing does not pay, measured, the library kernel is taken untimed: "
         "on a CPU from 16 rows (batch x sequence), on a GPU below 4096 rows. "
         "Costs seconds per distinct GEMM shape at cold builds; off for fast builds. "
-        "The measured choice may differ between builds.",
+        "The measured choice may differ between builds. A graph that Inductor fails on with its templates as candidates "
+        "is generated again without them; the build says so and the lockfile keeps it.",
         default=True,
     )
     cuda_graphs: bool = doc(

@@ -9,10 +9,14 @@ code ends in an #error.
 oneDNN's fusions that compute otherwise: torch 2.13 does so for torchvision's RAFT (results/model_sweep.md), a build
 of minutes, so the wrong result is injected: codegen with oneDNN, in this process, is wrapped to scale its weights.
 The codegen without oneDNN runs in a new interpreter, unwrapped. Meson, g++, the check, the retry and the package are
-real."""
+real.
+
+Inductor failing on a graph with its GEMM templates as candidates: torch 2.13 does so for transformers' LeViT, whose
+cold codegen takes a minute, so the failure is injected: Inductor's compile raises when asked for the C++ template."""
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from collections.abc import Callable
@@ -141,3 +145,44 @@ def test_a_graph_that_computes_otherwise_with_onednn_is_generated_again_without(
     # A fresh output directory reads the lockfile: no codegen with oneDNN.
     fresh = build(spec, tmp_path / "fresh")
     assert len(onednn_miscompiling) == 1 and fresh.onednn_off == built.onednn_off
+
+
+def test_a_graph_inductor_fails_on_with_gemm_templates_is_generated_again_without(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = spec_of_its_own(
+        workdir, tmp_path / "spec" / "template_heads.toml", with_flags(SPEC, kernel_opt='"O1"', gemm_autotune="true")
+    )
+    asked: list[dict[str, Any]] = []
+    real = torch._inductor.aoti_compile_and_package
+
+    @functools.wraps(real)  # shimgen checks its signature
+    def compile_and_package(*args: Any, inductor_configs: dict[str, Any], **kwargs: Any) -> Any:
+        asked.append(inductor_configs)
+        if "CPP" in inductor_configs.get("max_autotune_gemm_backends", ""):
+            raise AssertionError("wrong ndim (injected by this test)")
+        return real(*args, inductor_configs=inductor_configs, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)
+    out = tmp_path / "out"
+    built = build(spec, out)
+    assert [c.get("max_autotune_gemm_backends") for c in asked] == ["CPP,ATEN", None], "with templates, then without"
+    why = built.gemm_templates_off["heads_cpu"]
+    assert (
+        why
+        == "Inductor failed on the graph with them as candidates (AssertionError: wrong ndim (injected by this test))"
+    )
+    lock = json.loads(spec.with_name(spec.name + ".lock").read_text())
+    assert [unit.get("gemm_templates_off") for unit in lock["units"].values()] == [why]
+
+    package = import_package(built.summary())
+    _, eager, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
+    with torch.no_grad():
+        torch.testing.assert_close(package.heads(x, scale=scale), eager(x, scale=scale), rtol=1e-5, atol=1e-5)
+
+    # Up to date under the key the next build computes; a fresh output directory reads the lockfile: no templates.
+    assert "codegen:heads_cpu" in build(spec, out).skipped and len(asked) == 2
+    fresh = build(spec, tmp_path / "fresh")
+    assert [c.get("max_autotune_gemm_backends") for c in asked[2:]] == [None] and fresh.gemm_templates_off == {
+        "heads_cpu": why
+    }
