@@ -5,6 +5,9 @@ shimgen/inductor/; `compat` checks that each of these still is what these functi
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -62,6 +65,22 @@ def backed_size_oblivious() -> Iterator[None]:
     _report_unphrasable_fixes()
     with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
         yield
+
+
+@contextmanager
+def partial_graph_unprinted() -> Iterator[None]:
+    """torch.export prints the graph it had traced to stderr when it fails: hundreds of lines, once per layer of its
+    error handling, above shimgen's message (which names the model's failing line). What else the block writes to
+    stderr is passed on after it."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    except BaseException as exc:
+        partial = getattr(exc, "partial_fx_graph", None)
+        sys.stderr.write(captured.getvalue().replace(f"{partial}\n", "") if partial else captured.getvalue())
+        raise
+    sys.stderr.write(captured.getvalue())
 
 
 def _report_unphrasable_fixes() -> None:
