@@ -565,6 +565,147 @@ CASES += [
         dims=BATCH,
     ),
 ]
+# detectors, zero-shot detection, super-resolution, depth, video, protein and Fourier encoders, more translation,
+# a mixture-of-experts T5, speech-to-text, and recurrent and state-space decoders
+
+
+def resnet_backbone(features: str) -> str:
+    return (
+        'backbone_config = { model_type = "resnet", embedding_size = 8, hidden_sizes = [8, 16, 32, 64],'
+        f" depths = [1, 1, 1, 1], out_features = [{features}] }}, use_pretrained_backbone = false"
+    )
+
+
+DETECTOR = (
+    "d_model = 32, encoder_layers = 1, decoder_layers = 1, num_queries = 10, num_labels = 3, encoder_attention_heads = 4,"
+    " decoder_attention_heads = 4, encoder_ffn_dim = 37, decoder_ffn_dim = 37"
+)
+CASES += [
+    hf(
+        "rt_detr",
+        resnet_backbone('"stage2", "stage3", "stage4"').replace('"resnet"', '"rt_detr_resnet"')
+        + ", encoder_hidden_dim = 32, encoder_in_channels = [16, 32, 64], feat_strides = [8, 16, 32],"
+        " decoder_in_channels = [32, 32, 32], num_feature_levels = 3, " + DETECTOR,
+        "ObjectDetection",
+        inputs=PIXELS.replace('"batch", 3, 32, 32', "1, 3, 64, 64"),
+        dims="{}",  # batch_size = len(source_flatten) fixes the batch
+    ),
+    hf(
+        "conditional_detr",
+        "use_timm_backbone = false, " + resnet_backbone('"stage4"') + ", " + DETECTOR,
+        "ObjectDetection",
+        inputs=PIXELS.replace("32, 32", "64, 64"),
+        dims=BATCH,
+    ),
+    hf(
+        "owlvit",
+        "projection_dim = 16, text_config = { "
+        + SMALL_TEXT
+        + ", max_position_embeddings = 16 }, vision_config = { "
+        + SMALL_VISION
+        + " }",
+        inputs=TEXT[:-1] + ', { name = "pixel_values", shape = ["batch", 3, 32, 32], keyword = true }]',
+        dims="{ batch = { min = 1, max = 4 }, seq = { min = 2, max = 16 } }",
+    ),
+    hf(
+        "swin2sr",
+        "image_size = 16, embed_dim = 16, depths = [1, 1], num_heads = [2, 2], window_size = 4, upscale = 2",
+        inputs=PIXELS.replace("32, 32", "16, 16"),
+        dims=BATCH,
+    ),
+    hf(
+        "glpn",
+        "hidden_sizes = [8, 16, 32, 64], depths = [1, 1, 1, 1], num_attention_heads = [1, 1, 2, 2],"
+        " decoder_hidden_size = 16",
+        "DepthEstimation",
+        inputs=PIXELS,
+        dims=BATCH,
+    ),
+    hf(
+        "hiera",
+        "embed_dim = 16, image_size = [64, 64], patch_size = [7, 7], patch_stride = [4, 4], patch_padding = [3, 3],"
+        " depths = [1, 1, 1, 1], num_heads = [1, 1, 2, 2], query_stride = [2, 2], masked_unit_size = [8, 8]",
+        inputs=PIXELS.replace("32, 32", "64, 64"),
+        dims=BATCH,
+    ),
+    hf(
+        "vivit",
+        SMALL_VISION.replace(", patch_size = 8", "") + ", num_frames = 4, tubelet_size = [2, 8, 8]",
+        inputs='[{ name = "pixel_values", shape = ["batch", 4, 3, 32, 32] }]',
+        dims=BATCH,
+    ),
+    hf("esm", SMALL_TEXT + ', pad_token_id = 1, max_position_embeddings = 64, position_embedding_type = "rotary"'),
+    hf(
+        "fnet",
+        "hidden_size = 32, num_hidden_layers = 2, intermediate_size = 37, vocab_size = 99, max_position_embeddings = 64",
+        inputs=TEXT[: TEXT.index("},") + 1] + "]",
+    ),
+    hf("big_bird", SMALL_TEXT + ', attention_type = "original_full", max_position_embeddings = 64'),
+    hf("mpnet", SMALL_TEXT),
+    hf(
+        "squeezebert",
+        SMALL_TEXT.replace("intermediate_size = 37", "intermediate_size = 64") + ", embedding_size = 32, q_groups = 2,"
+        " k_groups = 2, v_groups = 2, post_attention_groups = 2, intermediate_groups = 2, output_groups = 2",
+    ),
+    *(
+        hf(
+            model_type,
+            "d_model = 32, encoder_layers = 2, decoder_layers = 2, vocab_size = 99, pad_token_id = 0,"
+            " decoder_start_token_id = 0, max_position_embeddings = 64, " + SEQ2SEQ,
+            inputs=TEXT_AND_TARGET,
+            dims=BATCH_SEQ_TARGET,
+        )
+        for model_type in ("mbart", "m2m_100")
+    ),
+    hf(
+        "switch_transformers",
+        "d_model = 32, d_kv = 8, d_ff = 37, num_layers = 2, num_decoder_layers = 2, num_heads = 4, vocab_size = 99,"
+        " num_experts = 4, expert_capacity = 8, decoder_start_token_id = 0, pad_token_id = 0",
+        inputs=TEXT_AND_TARGET,
+        dims=BATCH_SEQ_TARGET,
+    ),
+    hf(
+        "speech_to_text",
+        "d_model = 32, encoder_layers = 2, decoder_layers = 2, vocab_size = 99, input_feat_per_channel = 16,"
+        " input_channels = 1, conv_channels = 32, num_conv_layers = 2, max_source_positions = 64,"
+        " max_target_positions = 32, pad_token_id = 0, decoder_start_token_id = 0, " + SEQ2SEQ,
+        inputs='[{ name = "input_features", shape = ["batch", 40, 16] }, { name = "decoder_input_ids", shape = '
+        '["batch", "target"], dtype = "int64", high = 99, keyword = true }]',
+        dims="{ batch = { min = 1, max = 4 }, target = { min = 1, max = 16 } }",
+    ),
+    hf(
+        "sew",
+        SMALL_TEXT + ", conv_dim = [16, 16, 16], conv_stride = [5, 2, 2], conv_kernel = [10, 3, 3],"
+        " num_conv_pos_embeddings = 16, num_conv_pos_embedding_groups = 4, squeeze_factor = 2",
+        inputs='[{ name = "input_values", shape = ["batch", "n"] }]',
+        dims="{ batch = { min = 1, max = 4 }, n = { min = 400, max = 4000, multiple_of = 20 } }",
+    ),
+    hf(
+        "rwkv",
+        "hidden_size = 32, num_hidden_layers = 2, attention_hidden_size = 32, intermediate_size = 37, vocab_size = 99,"
+        " context_length = 64",
+        "CausalLM",
+        inputs=TEXT.replace('"seq"', "16"),
+        dims=BATCH,
+    ),
+    hf(
+        "falcon_mamba",
+        "hidden_size = 32, num_hidden_layers = 2, state_size = 8, expand = 2, conv_kernel = 4, vocab_size = 99",
+        "CausalLM",
+        inputs=TEXT.replace('"seq"', "16"),
+        dims=BATCH,
+    ),
+    hf(
+        "zamba2",
+        SMALL_DECODER + ", mamba_d_state = 8, mamba_headdim = 8, n_mamba_heads = 8, mamba_ngroups = 1,"
+        ' layers_block_type = ["mamba", "hybrid"], hybrid_layer_ids = [1], chunk_size = 16, use_mem_rope = true,'
+        " attention_head_dim = 16, adapter_rank = 8",
+        "CausalLM",
+        inputs=TEXT.replace('"seq"', "16"),
+        dims=BATCH,
+    ),
+    hf("olmo", SMALL_DECODER, "CausalLM"),
+]
 # a few of each kind again in bfloat16 ("+bf16"), as LLMs and many vision models ship: weights and float inputs
 LOW_PRECISION = (
     "transformers:llama/CausalLM",

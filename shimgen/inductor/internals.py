@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 
@@ -65,6 +67,35 @@ def backed_size_oblivious() -> Iterator[None]:
     _report_unphrasable_fixes()
     with fx_config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
         yield
+
+
+@contextmanager
+def guard_sites() -> Iterator[list[tuple[str, str, int]]]:
+    """(condition, file, line) of each condition on sizes that torch adds while tracing in the block, at the first
+    frame outside torch that made it; none where this torch has no such hook."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    found: list[tuple[str, str, int]] = []
+    real = getattr(ShapeEnv, "_log_guard", None)
+    if real is None:
+        yield found
+        return
+    inside_torch = os.path.dirname(torch.__file__) + os.sep
+
+    def log_guard(self: Any, prefix: str, condition: Any, forcing_spec: bool) -> None:
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(inside_torch):
+            frame = frame.f_back
+        if frame is not None:
+            found.append((str(condition), frame.f_code.co_filename, frame.f_lineno))
+        real(self, prefix, condition, forcing_spec)
+
+    ShapeEnv._log_guard = log_guard  # type: ignore[method-assign,assignment]
+    try:
+        yield found
+    finally:
+        ShapeEnv._log_guard = real  # type: ignore[method-assign]
 
 
 @contextmanager

@@ -10,6 +10,8 @@ still comes back from torch as a guard, which is translated here.
 from __future__ import annotations
 
 import ast
+import functools
+import linecache
 import operator
 import re
 from collections.abc import Callable
@@ -83,7 +85,9 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
                     reported = hinted_exc
             if program is not None and _takes_every_range(program, graph):
                 return program
-        raise _spec_error(reported, graph, where, module) from None
+        raise _spec_error(
+            reported, graph, where, module, functools.partial(_fixed_at, module, inputs, graph, dims)
+        ) from None
 
 
 def _export(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) -> Any:
@@ -115,13 +119,31 @@ def _takes_every_range(program: Any, graph: Graph) -> bool:
     return True
 
 
-def _spec_error(exc: Exception, graph: Graph, where: str, module: Any = None) -> SpecError:
+def _fixed_at(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any], size: int) -> str:
+    """` at <file>:<line> (`<code>`)`: the model's line where tracing first made a size equal `size`, found by
+    tracing again; "" where none did."""
+    with internals.guard_sites() as sites:
+        try:
+            _export(module, inputs, graph, dims)
+        except Exception:
+            pass
+    fixed = re.compile(rf"Eq\((s\d+, {size}|{size}, s\d+)\)")
+    for condition, file, line in sites:
+        if fixed.fullmatch(condition):
+            return f" at {file}:{line} (`{linecache.getline(file, line).strip()}`)"
+    return ""
+
+
+def _spec_error(
+    exc: Exception, graph: Graph, where: str, module: Any = None, fixed_at: Callable[[int], str] | None = None
+) -> SpecError:
+    """What torch's export error says of the spec: `fixed_at(size)` finds where the code fixed a dim at `size`."""
     text = str(exc)
     violations = _VIOLATION.findall(text)
     name = _spec_dim(violations[0][0]) if violations else ""
     if name not in graph.dims:
         return (
-            _made_constant(text, graph, where)
+            _made_constant(text, graph, where, fixed_at)
             or _data_dependent(exc, module, where)
             or SpecError("", where, f"torch.export failed: {_first_lines(exc, graph)}")
         )
@@ -249,17 +271,21 @@ def _spec_dim(exported: str) -> str:
     return re.sub(r"_over_\d+$", "", exported)
 
 
-def _made_constant(text: str, graph: Graph, where: str) -> SpecError | None:
+def _made_constant(
+    text: str, graph: Graph, where: str, fixed_at: Callable[[int], str] | None = None
+) -> SpecError | None:
     """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic."""
     found = _MADE_CONSTANT.search(text)
     name = _spec_dim(found[1]) if found else ""
     if not found or name not in graph.dims:
         return None
+    at = fixed_at(int(found[2])) if fixed_at else ""
     return SpecError(
         "",
         f"{where}.dims.{name}",
-        f"the model's code fixes '{name}' at the size it was traced at ({found[2]}), so it cannot be dynamic: its code "
-        f"depends on that size's value (a Python loop over it, say). Give '{name}' a fixed size: write the number in "
+        f"the model's code fixes '{name}' at the size it was traced at ({found[2]}){at}, so it cannot be dynamic: its "
+        f"code depends on that size's value (a Python loop over it, len() of a tensor, say). Give '{name}' a fixed "
+        f"size: write the number in "
         f"the inputs' shapes instead of '{name}' (one graph for each size you need), or change the model",
     )
 

@@ -613,7 +613,10 @@ def test_a_dim_the_model_makes_constant_is_named_with_the_fix(tmp_path: Path) ->
     with pytest.raises(SpecError) as raised:
         trace_dims.export(Scan(), [torch.randn(5, 32)], graph, "graph[0]")
     assert raised.value.where == "graph[0].dims.batch"
-    assert raised.value.message.startswith("the model's code fixes 'batch' at the size it was traced at (5)")
+    assert raised.value.message.startswith(
+        f"the model's code fixes 'batch' at the size it was traced at (5) at {__file__}:"
+    ), raised.value.message
+    assert "(`return torch.stack([row * 2 for row in tensors[0]])`), so it cannot be dynamic" in raised.value.message
     assert "Dim" not in raised.value.message and "mark_dynamic" not in raised.value.message
 
 
