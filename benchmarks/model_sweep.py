@@ -706,6 +706,38 @@ CASES += [
     ),
     hf("olmo", SMALL_DECODER, "CausalLM"),
 ]
+# TensorFlow-style "same" padding, hybrids, SAM's image encoder, MetaFormers, transformers in transformers
+CASES += [
+    timm("tf_efficientnet_b0", 96),
+    timm("efficientnetv2_rw_t", 96),
+    timm("regnetz_b16", 96),
+    timm("ghostnetv2_100", 96),
+    timm("repvit_m1", 96),
+    timm("mobilevitv2_050", 128),
+    timm("tresnet_m", 128),
+    timm(
+        "samvit_base_patch16",
+        64,
+        img_size="64",
+        embed_dim="32",
+        depth="2",
+        num_heads="2",
+        global_attn_indexes="[1]",
+        window_size="2",
+    ),
+    timm("cspdarknet53", 96),
+    timm("selecsls42b", 96),
+    timm("lcnet_050", 96),
+    timm("gernet_s", 96),
+    timm("resnetv2_50x1_bit", 96),
+    timm("vit_base_r50_s16_224", 64, img_size="64", embed_dim="32", depth="2", num_heads="2"),
+    timm("nextvit_small", 96),
+    timm("caformer_s18", 96),
+    timm("convformer_s18", 96),
+    timm("tnt_s_patch16_224", 64, img_size="64"),
+    timm("seresnext26d_32x4d", 96),
+    timm("efficientvit_l1", 96),
+]
 # a few of each kind again in bfloat16 ("+bf16"), as LLMs and many vision models ship: weights and float inputs
 LOW_PRECISION = (
     "transformers:llama/CausalLM",
