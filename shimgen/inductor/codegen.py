@@ -674,15 +674,24 @@ def _parallel_only_with_enough_work() -> Iterator[None]:
 @contextmanager
 def _quiet_autotuning() -> Iterator[None]:
     """Autotuning logs a traceback for every candidate kernel that fails to compile or run (too much
-    shared memory, say) and then drops it; the build is fine, so users need not see them."""
+    shared memory, say) and then drops it; the build is fine, so users need not see them. Nor the JSON of each
+    selection's timings that torch >= 2.13 writes to stderr: the build summary lists the choices."""
+    import torch._inductor.config as inductor_config
+
     loggers = [
         logging.getLogger(name) for name in ("torch._inductor.select_algorithm", "torch._inductor.autotune_process")
     ]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.CRITICAL)
+    stats = (
+        {"max_autotune_report_choices_stats": False}
+        if hasattr(inductor_config, "max_autotune_report_choices_stats")
+        else {}
+    )
     try:
-        yield
+        with inductor_config.patch(stats):
+            yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)

@@ -274,19 +274,25 @@ def _spec_dim(exported: str) -> str:
 def _made_constant(
     text: str, graph: Graph, where: str, fixed_at: Callable[[int], str] | None = None
 ) -> SpecError | None:
-    """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic."""
+    """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic. Traced at its
+    range's largest size, the sizes below can still be variants of their own (a RangeError raising the min to it):
+    torch also says so where a condition such as `batch != 1` leaves one size of a range [1, 2]."""
     found = _MADE_CONSTANT.search(text)
     name = _spec_dim(found[1]) if found else ""
     if not found or name not in graph.dims:
         return None
-    at = fixed_at(int(found[2])) if fixed_at else ""
-    return SpecError(
+    size, dim = int(found[2]), graph.dims[name]
+    at = fixed_at(size) if fixed_at else ""
+    return RangeError(
         "",
         f"{where}.dims.{name}",
-        f"the model's code fixes '{name}' at the size it was traced at ({found[2]}){at}, so it cannot be dynamic: its "
+        f"the model's code fixes '{name}' at the size it was traced at ({size}){at}, so it cannot be dynamic: its "
         f"code depends on that size's value (a Python loop over it, len() of a tensor, say). Give '{name}' a fixed "
-        f"size: write the number in "
-        f"the inputs' shapes instead of '{name}' (one graph for each size you need), or change the model",
+        f"size: write the number in the inputs' shapes instead of '{name}' (one graph for each size you need), or "
+        "change the model",
+        name,
+        f"{name} = {size}{at}",
+        size if size == dim.max > dim.min else None,
     )
 
 

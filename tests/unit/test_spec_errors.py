@@ -618,6 +618,13 @@ def test_a_dim_the_model_makes_constant_is_named_with_the_fix(tmp_path: Path) ->
     ), raised.value.message
     assert "(`return torch.stack([row * 2 for row in tensors[0]])`), so it cannot be dynamic" in raised.value.message
     assert "Dim" not in raised.value.message and "mark_dynamic" not in raised.value.message
+    assert isinstance(raised.value, trace_dims.RangeError) and raised.value.raised_min is None
+
+    # Traced at the range's largest size, the sizes below it can be variants of their own (a variant is traced static).
+    spec.write_text(dims("{ min = 1, max = 3, example = 3 }"))
+    with pytest.raises(trace_dims.RangeError) as raised_to_max:
+        trace_dims.export(Scan(), [torch.randn(3, 32)], load_spec(spec).graph[0], "graph[0]")
+    assert raised_to_max.value.raised_min == 3 and raised_to_max.value.dim == "batch"
 
 
 class Chunks(torch.nn.Module):
