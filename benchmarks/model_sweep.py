@@ -763,6 +763,21 @@ CASES += [
     for case in CASES
     if case.name in LOW_PRECISION
 ]
+# images of any height and width ("+hw"), as detectors and segmenters take them
+HW = ("timm:resnet18d", "timm:convnext_atto", "transformers:segformer", "transformers:detr/ObjectDetection")
+CASES += [
+    replace(
+        case,
+        name=f"{case.name}+hw",
+        inputs=case.inputs.replace("3, 224, 224", '3, "h", "w"')
+        .replace("3, 32, 32", '3, "h", "w"')
+        .replace("3, 64, 64", '3, "h", "w"'),
+        dims="{ batch = { min = 1, max = 2 }, h = { min = 64, max = 160, multiple_of = 32 },"
+        " w = { min = 64, max = 160, multiple_of = 32 } }",
+    )
+    for case in CASES
+    if case.name in HW
+]
 # the chunked scans again over a dynamic sequence ("+seq"): padded to whole chunks, the range below one chunk's length
 SCANS = ("mamba2", "qwen3_next", "falcon_h1", "bamba", "granitemoehybrid")
 CASES += [

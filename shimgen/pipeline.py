@@ -745,6 +745,10 @@ def _generate_all(job: Job, traced_all: Callable[[list[UnitPrograms], set[str]],
         task = next(task for unit, task in to_generate if unit == name)
         # Recorded under the key the next build computes, once the lockfile holds the timings this run used.
         torch_version, vectorize = job.tc.torch_version, not task.scalar_kernels
+        if generated.gemm_templates_off:  # found in the worker: a unit generated again in this build starts there
+            job.fallbacks[name] = dataclasses.replace(
+                _fallbacks(job, name), gemm_templates_off=generated.gemm_templates_off
+            )
         flags = _unit_flags(task.flags, lockfile.Fallbacks(gemm_templates_off=generated.gemm_templates_off))
         sets = job.tuning.locked.units.get(lockfile.section(name, torch_version), ())
         used = lockfile.Measured(generated.autotune_timings)
