@@ -706,6 +706,51 @@ CASES += [
     ),
     hf("olmo", SMALL_DECODER, "CausalLM"),
 ]
+# segmentation heads over other backbones, two more image-text towers, registers, and ModernBERT as a decoder
+SWIN_BACKBONE = (
+    'backbone_config = { model_type = "swin", embed_dim = 16, depths = [1, 1, 1, 1], num_heads = [1, 1, 2, 2],'
+    ' window_size = 2, image_size = 64, out_features = ["stage1", "stage2", "stage3", "stage4"] },'
+    " use_pretrained_backbone = false"
+)
+CASES += [
+    hf(
+        "maskformer",
+        SWIN_BACKBONE + ", fpn_feature_size = 32, mask_feature_size = 32, num_queries = 5, num_labels = 3,"
+        ' decoder_config = { model_type = "detr", d_model = 32, encoder_layers = 1, decoder_layers = 1,'
+        " encoder_attention_heads = 4, decoder_attention_heads = 4, encoder_ffn_dim = 37, decoder_ffn_dim = 37,"
+        " num_queries = 5 }",
+        inputs=PIXELS.replace("32, 32", "64, 64"),
+        dims=BATCH,
+    ),
+    hf(
+        "upernet",
+        'backbone_config = { model_type = "convnext", hidden_sizes = [8, 16, 32, 64], depths = [1, 1, 1, 1],'
+        ' out_features = ["stage1", "stage2", "stage3", "stage4"] }, hidden_size = 16, auxiliary_in_channels = 32,'
+        " num_labels = 3",
+        "SemanticSegmentation",
+        inputs=PIXELS.replace("32, 32", "64, 64"),
+        dims=BATCH,
+    ),
+    hf(
+        "blip",
+        "projection_dim = 16, text_config = { "
+        + SMALL_TEXT
+        + ", max_position_embeddings = 32 }, vision_config = { "
+        + SMALL_VISION
+        + " }",
+        inputs=TEXT[:-1] + ', { name = "pixel_values", shape = ["batch", 3, 32, 32], keyword = true }]',
+    ),
+    hf(
+        "siglip",
+        "text_config = { " + SMALL_TEXT + ", max_position_embeddings = 32 }, vision_config = { " + SMALL_VISION + " }",
+        inputs=TEXT[: TEXT.index("},") + 1]
+        + ', { name = "pixel_values", shape = ["batch", 3, 32, 32], keyword = true }]',
+    ),
+    hf("data2vec-vision", SMALL_VISION, inputs=PIXELS, dims=BATCH),
+    hf("mobilenet_v2", "image_size = 32, depth_multiplier = 0.35", inputs=PIXELS, dims=BATCH),
+    hf("dinov2_with_registers", SMALL_VISION + ", num_register_tokens = 2", inputs=PIXELS, dims=BATCH),
+    hf("modernbert-decoder", SMALL_TEXT + ", max_position_embeddings = 64, pad_token_id = 0", "CausalLM"),
+]
 # TensorFlow-style "same" padding, hybrids, SAM's image encoder, MetaFormers, transformers in transformers
 CASES += [
     timm("tf_efficientnet_b0", 96),
