@@ -37,6 +37,7 @@ TEXT = (
 )
 PIXELS = '[{ name = "pixel_values", shape = ["batch", 3, 32, 32] }]'
 BATCH = "{ batch = { min = 1, max = 4 } }"
+TOKENS_16 = TEXT.replace('"seq"', "16")  # a fixed sequence: models that scan it in Python
 BATCH_SEQ = "{ batch = { min = 1, max = 4 }, seq = { min = 2, max = 32 } }"
 SMALL_TEXT = "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 37, vocab_size = 99"
 SMALL_DECODER = SMALL_TEXT + ", num_key_value_heads = 2, max_position_embeddings = 64"
@@ -268,7 +269,7 @@ CASES = [
         "mamba",
         "hidden_size = 32, num_hidden_layers = 2, vocab_size = 99, state_size = 8",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf("gpt2", "n_embd = 32, n_layer = 2, n_head = 4, vocab_size = 99, n_positions = 64", "CausalLM"),
@@ -324,7 +325,7 @@ CASES = [
         " shared_expert_intermediate_size = 48, linear_num_value_heads = 4, linear_num_key_heads = 2,"
         " linear_key_head_dim = 8, linear_value_head_dim = 8",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf("lfm2", SMALL_DECODER, "CausalLM"),
@@ -333,23 +334,23 @@ CASES = [
         SMALL_DECODER.replace("37", "48") + ", num_experts = 4, num_experts_per_tok = 2, mamba_d_state = 8,"
         " attn_layer_period = 2, attn_layer_offset = 1, expert_layer_period = 2, expert_layer_offset = 1",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
-    hf("falcon_h1", SMALL_DECODER + ", head_dim = 8", "CausalLM", inputs=TEXT.replace('"seq"', "16"), dims=BATCH),
+    hf("falcon_h1", SMALL_DECODER + ", head_dim = 8", "CausalLM", inputs=TOKENS_16, dims=BATCH),
     hf(
         "mamba2",
         "hidden_size = 32, num_hidden_layers = 2, vocab_size = 99, num_heads = 4, head_dim = 16, state_size = 8,"
         " n_groups = 1",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf(
         "recurrent_gemma",
         SMALL_DECODER + ", head_dim = 8, lru_width = 32",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf(
@@ -357,7 +358,7 @@ CASES = [
         SMALL_DECODER + ", mamba_n_heads = 4, mamba_d_head = 16, mamba_d_state = 8, mamba_n_groups = 1,"
         " attn_layer_indices = [1], mamba_chunk_size = 16",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf(
@@ -366,7 +367,7 @@ CASES = [
         " num_experts_per_tok = 2, mamba_n_heads = 4, mamba_d_head = 16, mamba_d_state = 8, mamba_n_groups = 1,"
         ' layer_types = ["mamba", "attention"], mamba_chunk_size = 16',
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf("glm", SMALL_DECODER + ", head_dim = 8, pad_token_id = 0", "CausalLM"),
@@ -685,14 +686,14 @@ CASES += [
         "hidden_size = 32, num_hidden_layers = 2, attention_hidden_size = 32, intermediate_size = 37, vocab_size = 99,"
         " context_length = 64",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf(
         "falcon_mamba",
         "hidden_size = 32, num_hidden_layers = 2, state_size = 8, expand = 2, conv_kernel = 4, vocab_size = 99",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf(
@@ -701,7 +702,7 @@ CASES += [
         ' layers_block_type = ["mamba", "hybrid"], hybrid_layer_ids = [1], chunk_size = 16, use_mem_rope = true,'
         " attention_head_dim = 16, adapter_rank = 8",
         "CausalLM",
-        inputs=TEXT.replace('"seq"', "16"),
+        inputs=TOKENS_16,
         dims=BATCH,
     ),
     hf("olmo", SMALL_DECODER, "CausalLM"),

@@ -77,6 +77,20 @@ def _after_codegen(monkeypatch: pytest.MonkeyPatch, after: Callable[[CodegenResu
     monkeypatch.setattr(codegen, "generate", generate)
 
 
+def _locked(spec: Path, fallback: str) -> list[Any]:
+    """The lockfile's `fallback` field of each unit."""
+    lock = json.loads(spec.with_name(spec.name + ".lock").read_text())
+    return [unit.get(fallback) for unit in lock["units"].values()]
+
+
+def _equals_eager(built: Any, spec: Path) -> None:
+    """The built package's heads at batch 7 as eager's."""
+    package = import_package(built.summary())
+    _, eager, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
+    with torch.no_grad():
+        torch.testing.assert_close(package.heads(x, scale=scale), eager(x, scale=scale), rtol=1e-5, atol=1e-5)
+
+
 def test_refused_vectorized_kernels_are_generated_again_scalar(
     workdir: Path, tmp_path: Path, refusing_compiler: list[str]
 ) -> None:
@@ -87,13 +101,8 @@ def test_refused_vectorized_kernels_are_generated_again_scalar(
     assert built.scalar_kernels == {"heads_cpu": f'#error "{REFUSED}"'}
     kernels = sorted((out / "build" / "scalar_heads" / "project" / "src" / "heads_cpu").glob("kernels_*.cpp"))
     assert kernels and not any("at::vec::" in k.read_text() for k in kernels)
-    lock = json.loads(spec.with_name(spec.name + ".lock").read_text())
-    assert [unit["scalar_kernels"] for unit in lock["units"].values()] == [f'#error "{REFUSED}"']
-
-    package = import_package(built.summary())
-    graph, model, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
-    with torch.no_grad():
-        torch.testing.assert_close(package.heads(x, scale=scale), model(x, scale=scale), rtol=1e-5, atol=1e-5)
+    assert _locked(spec, "scalar_kernels") == [f'#error "{REFUSED}"']
+    _equals_eager(built, spec)
 
     # Up to date: nothing generated again. A fresh output directory reads the lockfile: scalar kernels at once.
     assert "codegen:heads_cpu" in build(spec, out).skipped and len(refusing_compiler) == 2
@@ -134,13 +143,8 @@ def test_a_graph_that_computes_otherwise_with_onednn_is_generated_again_without(
     ), why
     model = out / "build" / "scalar_heads" / "project" / "src" / "heads_cpu" / "model.cpp"
     assert "mkldnn" not in model.read_text()
-    lock = json.loads(spec.with_name(spec.name + ".lock").read_text())
-    assert [unit.get("onednn_off") for unit in lock["units"].values()] == [why]
-
-    package = import_package(built.summary())
-    _, eager, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
-    with torch.no_grad():
-        torch.testing.assert_close(package.heads(x, scale=scale), eager(x, scale=scale), rtol=1e-5, atol=1e-5)
+    assert _locked(spec, "onednn_off") == [why]
+    _equals_eager(built, spec)
 
     # A fresh output directory reads the lockfile: no codegen with oneDNN.
     fresh = build(spec, tmp_path / "fresh")
@@ -172,13 +176,8 @@ def test_a_graph_inductor_fails_on_with_gemm_templates_is_generated_again_withou
         why
         == "Inductor failed on the graph with them as candidates (AssertionError: wrong ndim (injected by this test))"
     )
-    lock = json.loads(spec.with_name(spec.name + ".lock").read_text())
-    assert [unit.get("gemm_templates_off") for unit in lock["units"].values()] == [why]
-
-    package = import_package(built.summary())
-    _, eager, (x, scale) = eager_and_inputs(spec, 0, {"batch": 7})
-    with torch.no_grad():
-        torch.testing.assert_close(package.heads(x, scale=scale), eager(x, scale=scale), rtol=1e-5, atol=1e-5)
+    assert _locked(spec, "gemm_templates_off") == [why]
+    _equals_eager(built, spec)
 
     # Up to date under the key the next build computes; a fresh output directory reads the lockfile: no templates.
     assert "codegen:heads_cpu" in build(spec, out).skipped and len(asked) == 2
