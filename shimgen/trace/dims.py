@@ -37,6 +37,8 @@ _EQUAL_FIX = re.compile(r"^\s*(\w+) = (\w+)\s*$", re.M)
 _GLUED = re.compile(r"\.?(?:Specializations unexpectedly required|Constraints violated) \(.*$")
 # where torch.export met a branch or loop on a tensor's values: the user's call, then its line of code
 _RAISED_AT = re.compile(r"The following call raised this error:\n\s*File \"(.*?)\", line (\d+), in \w+\n\s*(.*)")
+_SYMBOL = re.compile(r"\bs\d+\b")  # a size's symbol in sympy's conditions
+_SYMPY_RELATION = re.compile(r"(Eq|Ne)\((.*), (.*)\)")
 _MADE_CONSTANT = re.compile(r"You marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)")
 
 
@@ -86,7 +88,11 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
             if program is not None and _takes_every_range(program, graph):
                 return program
         raise _spec_error(
-            reported, graph, where, module, functools.partial(_fixed_at, module, inputs, graph, dims)
+            reported,
+            graph,
+            where,
+            module,
+            functools.cache(functools.partial(_guard_sites, module, inputs, graph, dims)),
         ) from None
 
 
@@ -119,31 +125,54 @@ def _takes_every_range(program: Any, graph: Graph) -> bool:
     return True
 
 
-def _fixed_at(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any], size: int) -> str:
-    """` at <file>:<line> (`<code>`)`: the model's line where tracing first made a size equal `size`, found by
-    tracing again; "" where none did."""
+def _guard_sites(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(condition, file, line) of each condition on sizes that tracing adds, at the model's line that made it; found
+    by tracing again."""
     with internals.guard_sites() as sites:
         try:
             _export(module, inputs, graph, dims)
         except Exception:
             pass
-    fixed = re.compile(rf"Eq\((s\d+, {size}|{size}, s\d+)\)")
+    return sites
+
+
+def _site(sites: list[tuple[str, str, int]], matches: Callable[[str], object]) -> str:
+    """` at <file>:<line> (`<code>`)` of the first of `sites` whose condition `matches`; "" where none does."""
     for condition, file, line in sites:
-        if fixed.fullmatch(condition):
+        if matches(condition):
             return f" at {file}:{line} (`{linecache.getline(file, line).strip()}`)"
     return ""
 
 
+def _same_condition(guard: str) -> Callable[[str], bool]:
+    """Whether a traced condition (sympy's, on symbols: `s77 <= 3`, `Ne(s77, 1)`) is one of the conjuncts of torch's
+    `guard` (on sources: `2 <= L['tensors'][0].size()[0] and L['tensors'][0].size()[0] <= 3`)."""
+    conjuncts = {_SIZE.sub("size", part).strip("() ") for part in guard.split(" and ")}
+
+    def matches(condition: str) -> bool:
+        relation = _SYMPY_RELATION.fullmatch(condition)
+        if relation:
+            condition = f"{relation[2]} {'==' if relation[1] == 'Eq' else '!='} {relation[3]}"
+        return _SYMBOL.sub("size", condition).strip("() ") in conjuncts
+
+    return matches
+
+
 def _spec_error(
-    exc: Exception, graph: Graph, where: str, module: Any = None, fixed_at: Callable[[int], str] | None = None
+    exc: Exception,
+    graph: Graph,
+    where: str,
+    module: Any = None,
+    sites: Callable[[], list[tuple[str, str, int]]] | None = None,
 ) -> SpecError:
-    """What torch's export error says of the spec: `fixed_at(size)` finds where the code fixed a dim at `size`."""
+    """What torch's export error says of the spec, with the model's line that made the condition where `sites()` (a
+    trace again) finds it."""
     text = str(exc)
     violations = _VIOLATION.findall(text)
     name = _spec_dim(violations[0][0]) if violations else ""
     if name not in graph.dims:
         return (
-            _made_constant(text, graph, where, fixed_at)
+            _made_constant(text, graph, where, sites)
             or _data_dependent(exc, module, where)
             or SpecError("", where, f"torch.export failed: {_first_lines(exc, graph)}")
         )
@@ -162,7 +191,8 @@ def _spec_error(
             f"'{name}' (one graph for each size you need), or change the model",
         )
     fix = _suggested_fix(text, name, graph) or _bound_fix(guard, graph)
-    return range_error(graph, where, name, guard + _not_met_at(failing[raw], graph, name), fix)
+    at = _site(sites(), _same_condition(raw)) if sites else ""
+    return range_error(graph, where, name, guard + _not_met_at(failing[raw], graph, name) + at, fix)
 
 
 def _not_met_at(sizes: list[int] | None, graph: Graph, name: str) -> str:
@@ -272,7 +302,7 @@ def _spec_dim(exported: str) -> str:
 
 
 def _made_constant(
-    text: str, graph: Graph, where: str, fixed_at: Callable[[int], str] | None = None
+    text: str, graph: Graph, where: str, sites: Callable[[], list[tuple[str, str, int]]] | None = None
 ) -> SpecError | None:
     """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic. Traced at its
     range's largest size, the sizes below can still be variants of their own (a RangeError raising the min to it):
@@ -282,7 +312,8 @@ def _made_constant(
     if not found or name not in graph.dims:
         return None
     size, dim = int(found[2]), graph.dims[name]
-    at = fixed_at(size) if fixed_at else ""
+    fixed = re.compile(rf"Eq\((s\d+, {size}|{size}, s\d+)\)")
+    at = _site(sites(), fixed.fullmatch) if sites else ""
     return RangeError(
         "",
         f"{where}.dims.{name}",

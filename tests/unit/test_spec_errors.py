@@ -627,6 +627,27 @@ def test_a_dim_the_model_makes_constant_is_named_with_the_fix(tmp_path: Path) ->
     assert raised_to_max.value.raised_min == 3 and raised_to_max.value.dim == "batch"
 
 
+def test_a_condition_that_narrows_the_range_is_named_at_the_models_line(tmp_path: Path) -> None:
+    """DETR on CUDA took batch <= 3 only: the message names the model's line that made the condition."""
+    from shimgen.trace import dims as trace_dims
+
+    class Branch(torch.nn.Module):
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            if tensors[0].shape[0] <= 3:
+                return tensors[0] * 2
+            return tensors[0] * 3
+
+    spec = tmp_path / "dims.toml"
+    spec.write_text(dims("{ min = 1, max = 4 }"))
+    with pytest.raises(trace_dims.RangeError) as raised:
+        trace_dims.export(Branch(), [torch.randn(2, 32)], load_spec(spec).graph[0], "graph[0]")
+    assert raised.value.message.startswith(
+        "the model cannot take every size of 'batch' in [1, 4]: it needs x.shape[0] <= 3 (not met at batch = 4) at "
+        f"{__file__}:"
+    ), raised.value.message
+    assert "(`if tensors[0].shape[0] <= 3:`); write dims.batch = { min = 1, max = 3 }" in raised.value.message
+
+
 class Chunks(torch.nn.Module):
     """transformers' Mamba-2 and Qwen3-Next scan a sequence padded to whole chunks of 64, chunk by chunk."""
 
