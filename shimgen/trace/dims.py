@@ -38,7 +38,6 @@ _GLUED = re.compile(r"\.?(?:Specializations unexpectedly required|Constraints vi
 # where torch.export met a branch or loop on a tensor's values: the user's call, then its line of code
 _RAISED_AT = re.compile(r"The following call raised this error:\n\s*File \"(.*?)\", line (\d+), in \w+\n\s*(.*)")
 _SYMBOL = re.compile(r"\bs\d+\b")  # a size's symbol in sympy's conditions
-_SYMPY_RELATION = re.compile(r"(Eq|Ne)\((.*), (.*)\)")
 _MADE_CONSTANT = re.compile(r"You marked (\w+) as dynamic but your code specialized it to be a constant \((\d+)\)")
 
 
@@ -144,16 +143,23 @@ def _site(sites: list[tuple[str, str, int]], matches: Callable[[str], object]) -
     return ""
 
 
-def _same_condition(guard: str) -> Callable[[str], bool]:
-    """Whether a traced condition (sympy's, on symbols: `s77 <= 3`, `Ne(s77, 1)`) is one of the conjuncts of torch's
-    `guard` (on sources: `2 <= L['tensors'][0].size()[0] and L['tensors'][0].size()[0] <= 3`)."""
-    conjuncts = {_SIZE.sub("size", part).strip("() ") for part in guard.split(" and ")}
+def _same_condition(guard: str, graph: Graph, name: str) -> Callable[[str], bool]:
+    """Whether a traced condition (sympy's, on one symbol: `s77 <= 3`, `Ne(s77, 1)`, `Eq(8*s77, 16*((s77//2)))`) is
+    one of the conjuncts of torch's `guard` (on sources: `2 <= L['tensors'][0].size()[0] and ...`): false at the same
+    sizes of the dim `name`'s range."""
+    failing = [_sizes_not_meeting(part, graph, name) for part in guard.split(" and ")]
+    wanted = [sizes for sizes in failing if sizes]
 
     def matches(condition: str) -> bool:
-        relation = _SYMPY_RELATION.fullmatch(condition)
-        if relation:
-            condition = f"{relation[2]} {'==' if relation[1] == 'Eq' else '!='} {relation[3]}"
-        return _SYMBOL.sub("size", condition).strip("() ") in conjuncts
+        if len(set(_SYMBOL.findall(condition))) != 1:
+            return False
+        try:
+            tree = ast.parse(_SYMBOL.sub("size", condition), mode="eval").body
+            if all(_evaluate(tree, sizes[0]) is True for sizes in wanted):  # most conditions hold at a failing size
+                return False
+            return [size for size in _sizes(graph.dims[name]) if _evaluate(tree, size) is not True] in wanted
+        except (SyntaxError, ValueError, ZeroDivisionError, TypeError):
+            return False
 
     return matches
 
@@ -191,7 +197,7 @@ def _spec_error(
             f"'{name}' (one graph for each size you need), or change the model",
         )
     fix = _suggested_fix(text, name, graph) or _bound_fix(guard, graph)
-    at = _site(sites(), _same_condition(raw)) if sites else ""
+    at = _site(sites(), _same_condition(raw, graph, name)) if failing[raw] and sites else ""
     return range_error(graph, where, name, guard + _not_met_at(failing[raw], graph, name) + at, fix)
 
 
@@ -244,7 +250,20 @@ _ARITHMETIC: dict[type, Callable[..., Any]] = {
 }
 _MOST_SIZES_TRIED = 100_000
 _MOST_SIZES_SHOWN = 6
-_MIN_MAX: dict[str, Callable[..., Any]] = {"min": min, "max": max, "torch.sym_min": min, "torch.sym_max": max}
+_CALLS: dict[str, Callable[..., Any]] = {
+    "min": min,
+    "max": max,
+    "torch.sym_min": min,
+    "torch.sym_max": max,
+    # sympy's, in the conditions torch's guard log has
+    "Min": min,
+    "Max": max,
+    "Eq": operator.eq,
+    "Ne": operator.ne,
+    "Mod": operator.mod,
+    "PythonMod": operator.mod,
+    "FloorDiv": operator.floordiv,
+}
 
 
 def _holds_throughout(guard: str, graph: Graph, name: str) -> bool:
@@ -274,8 +293,8 @@ def _sizes(dim: Dim) -> range:
 
 
 def _evaluate(node: ast.expr, size: int) -> Any:
-    """`node` of a size guard at `size`: integers, `size`, arithmetic, min and max, one comparison, and/or of
-    comparisons; ValueError for anything else."""
+    """`node` of a size guard at `size`: integers, `size`, arithmetic, min and max (sympy's Min, Max, Mod, FloorDiv,
+    Eq and Ne too), one comparison, and/or of comparisons; ValueError for anything else."""
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return node.value
     if isinstance(node, ast.Name) and node.id == "size":
@@ -291,8 +310,8 @@ def _evaluate(node: ast.expr, size: int) -> Any:
         values = [_evaluate(value, size) for value in node.values]
         if all(isinstance(value, bool) for value in values):
             return any(values) if isinstance(node.op, ast.Or) else all(values)
-    if isinstance(node, ast.Call) and not node.keywords and ast.unparse(node.func) in _MIN_MAX:
-        return _MIN_MAX[ast.unparse(node.func)](_evaluate(arg, size) for arg in node.args)
+    if isinstance(node, ast.Call) and not node.keywords and ast.unparse(node.func) in _CALLS:
+        return _CALLS[ast.unparse(node.func)](*(_evaluate(arg, size) for arg in node.args))
     raise ValueError(ast.dump(node))
 
 

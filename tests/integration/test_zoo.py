@@ -105,10 +105,11 @@ def test_topk_indices_and_view_keep_their_types(built_shapes: dict[str, Any]) ->
 @pytest.mark.parametrize(
     "edit,message",
     [
-        # A reshape into pairs needs an even size: torch's suggested fix, in the spec's terms.
+        # A reshape into pairs needs an even size: torch's suggested fix, in the spec's terms, and the model's line.
         (
             ("shapes.toml", ", multiple_of = 2", ""),
-            "graph[1].dims.rows: the model cannot take every size of 'rows' in [2, 64]: it needs (8*x.shape[0]) == (16*(x.shape[0] // 2)); "
+            "graph[1].dims.rows: the model cannot take every size of 'rows' in [2, 64]: it needs (8*x.shape[0]) == (16*(x.shape[0] // 2)) "
+            "at {workdir}/projects/models/shapes.py:13 (`return x.view(x.shape[0] // 2, 2, x.shape[1]).sum(1)`); "
             "write dims.rows = { min = 2, max = 64, multiple_of = 2 }",
         ),
     ],
@@ -124,7 +125,7 @@ def test_ranges_a_model_cannot_take_are_spec_errors(
     result = shimgen("build", spec, "--out", tmp_path)
     assert result.returncode == 2, result.stderr
     # Every graph the edit breaks is reported, in spec order: the first line is graph[0]'s.
-    pattern = re.escape(f"shimgen: {spec}: {message}").replace(
+    pattern = re.escape(f"shimgen: {spec}: {message.replace('{workdir}', str(workdir))}").replace(
         re.escape("{input}"), "(input_ids|attention_mask|token_type_ids)"
     )
     reported = [line for line in result.stderr.strip().splitlines() if line.startswith("shimgen: ")]

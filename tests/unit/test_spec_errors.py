@@ -764,7 +764,7 @@ def _equal_at(program: Any, model: torch.nn.Module, sizes: tuple[tuple[int, int]
 def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range_it_can(tmp_path: Path) -> None:
     """Bamba pads its sequence to whole chunks of 16, a path that a sequence of whole chunks does not take. Over [2, 32]
     torch's suggested fixes assert ("Cannot create Dim with inconsistent min=2, max=2") before listing the conditions:
-    the message names the one some sizes fail, and those sizes. Over [17, 31] torch's conditions (an `or`, `min(...)`)
+    the message names the one some sizes fail, those sizes, and Bamba's line. Over [17, 31] torch's conditions (an `or`, `min(...)`)
     hold at every size: the range is kept, and the program equals the model at every size tried."""
     pytest.importorskip("transformers", reason="the test builds transformers' Bamba")
     from shimgen.inductor import internals
@@ -783,7 +783,8 @@ def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range
     assert (
         message.startswith("the model cannot take every size of 'seq' in [2, 32]: it needs (") and "Dim" not in message
     )
-    assert "(not met at seq = 16, 32); narrow the range" in message
+    assert "(not met at seq = 16, 32) at " in message
+    assert "/modeling_bamba.py:" in message and "(`if pad_size > 0:`); narrow the range" in message
 
     program = trace_dims.export(model, [ids, torch.ones_like(ids)], graph("{ min = 17, max = 31 }"), "graph[0]")
     assert internals.input_size_ranges(program) == {(0, 0): (2, 4), (0, 1): (17, 31), (1, 0): (2, 4), (1, 1): (17, 31)}
