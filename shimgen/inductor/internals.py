@@ -9,6 +9,7 @@ import contextlib
 import io
 import os
 import sys
+import traceback
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,6 +97,28 @@ def guard_sites() -> Iterator[list[tuple[str, str, int]]]:
         yield found
     finally:
         ShapeEnv._log_guard = real  # type: ignore[method-assign]
+
+
+def raised_in_model(exc: BaseException) -> tuple[str, int] | None:
+    """(file, line) of the deepest frame outside torch and shimgen in `exc`'s tracebacks and those of the exceptions it
+    was raised from: the model's line whose call into torch raised. None where there is no such frame."""
+    import torch
+
+    inside = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
+    found, seen = None, set()
+    chain: list[BaseException] = [exc]
+    while chain:
+        current = chain.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        chain += [e for e in (current.__context__, current.__cause__) if e is not None]
+        for frame in traceback.extract_tb(current.__traceback__):
+            if not frame.filename.startswith((*inside, "<")) and frame.lineno:
+                found = (frame.filename, frame.lineno)
+        if found:
+            return found
+    return None
 
 
 @contextmanager

@@ -219,7 +219,8 @@ def _data_dependent(exc: Exception, module: Any, where: str) -> SpecError | None
     if not any(t.__name__ == "GuardOnDataDependentSymNode" for t in type(exc).__mro__):
         return None
     found = _RAISED_AT.search(str(exc))
-    at = f" at {found[1]}:{found[2]} (`{found[3].strip()}`)" if found else ""
+    raised = (found[1], int(found[2])) if found else internals.raised_in_model(exc)
+    at = f" at {raised[0]}:{raised[1]} (`{linecache.getline(*raised).strip()}`)" if raised else ""
     model = getattr(module, "model", module)  # the user's, inside the module that takes the spec's inputs
     refused = ""
     if getattr(type(model), "_can_compile_fullgraph", None) is False:
