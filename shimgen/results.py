@@ -69,9 +69,8 @@ class TraceResult:
     library_ops: tuple[str, ...] = ()  # trace.library_ops: the ops outside aten and prims the program calls
     kernel_sources: tuple[tuple[str, str], ...] = ()  # (path, sha256): internals.triton_source_files
     op_modules: tuple[str, ...] = ()  # custom_ops.installed_op_modules: imported before the program loads
-    narrowed: tuple[
-        tuple[str, int, str], ...
-    ] = ()  # (dim, min, condition): the program takes the dim from min (trace._export_narrowing)
+    # (dim, min, max, condition): the program takes the dim from min to max (trace._export_narrowing)
+    narrowed: tuple[tuple[str, int, int, str], ...] = ()
 
     @property
     def files(self) -> tuple[Path, ...]:

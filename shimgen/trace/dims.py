@@ -324,8 +324,8 @@ def _spec_dim(exported: str) -> str:
 def _made_constant(
     text: str, graph: Graph, where: str, sites: Callable[[], list[tuple[str, str, int]]] | None = None
 ) -> SpecError | None:
-    """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic. Traced at its
-    range's largest size, the sizes below can still be variants of their own (a RangeError raising the min to it):
+    """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic. Traced at one
+    end of its range, the other sizes can still be variants of their own (a RangeError narrowing the range to it):
     torch also says so where a condition such as `batch != 1` leaves one size of a range [1, 2]."""
     found = _MADE_CONSTANT.search(text)
     name = _spec_dim(found[1]) if found else ""
@@ -344,21 +344,40 @@ def _made_constant(
         name,
         f"{name} = {size}{at}",
         size if size == dim.max > dim.min else None,
+        size if size == dim.min < dim.max else None,
     )
 
 
 class RangeError(SpecError):
-    """A dim whose declared range the model cannot take as a whole: the condition it needs, and the smallest size of the
-    range that meets it where only the sizes below it fail (the build makes those sizes variants of their own)."""
+    """A dim whose declared range the model cannot take as a whole: the condition it needs, and the part of the range
+    that meets it where only sizes at its ends fail (`raised_min`, `lowered_max`: the build makes the sizes outside
+    variants of their own)."""
 
     def __init__(
-        self, file: str, where: str, message: str, dim: str = "", condition: str = "", raised_min: int | None = None
+        self,
+        file: str,
+        where: str,
+        message: str,
+        dim: str = "",
+        condition: str = "",
+        raised_min: int | None = None,
+        lowered_max: int | None = None,
     ) -> None:
         super().__init__(file, where, message)
-        self.dim, self.condition, self.raised_min = dim, condition, raised_min
+        self.dim, self.condition, self.raised_min, self.lowered_max = dim, condition, raised_min, lowered_max
 
-    def __reduce__(self) -> tuple[type[RangeError], tuple[str, str, str, str, str, int | None]]:  # type: ignore[override]
-        return RangeError, (self.file, self.where, self.message, self.dim, self.condition, self.raised_min)
+    def __reduce__(  # type: ignore[override]
+        self,
+    ) -> tuple[type[RangeError], tuple[str, str, str, str, str, int | None, int | None]]:
+        return RangeError, (
+            self.file,
+            self.where,
+            self.message,
+            self.dim,
+            self.condition,
+            self.raised_min,
+            self.lowered_max,
+        )
 
 
 _RANGE_FIX = re.compile(r"^dims\.(\w+) = \{ min = (\d+), max = (\d+)(?:, multiple_of = (\d+))? \}$")
@@ -369,20 +388,16 @@ def range_error(graph: Graph, where: str, name: str, condition: str, fix: str) -
     dim = graph.dims[name]
     need = f"; write {fix}" if fix else "; narrow the range, or change the model so that it takes every size in it"
     found = _RANGE_FIX.match(fix)
-    raised = (
-        found
-        and found[1] == name
-        and int(found[3]) == dim.max
-        and int(found[4] or 1) == dim.multiple_of
-        and int(found[2]) > dim.min
-    )
+    low, high = (int(found[2]), int(found[3])) if found else (dim.min, dim.max)
+    narrows = found is not None and found[1] == name and int(found[4] or 1) == dim.multiple_of and low <= high
     return RangeError(
         "",
         f"{where}.dims.{name}",
         f"the model cannot take every size of '{name}' in [{dim.min}, {dim.max}]: it needs {condition}{need}",
         name,
         condition,
-        int(found[2]) if raised and found else None,
+        low if narrows and dim.min < low <= dim.max else None,
+        high if narrows and dim.min <= high < dim.max else None,
     )
 
 

@@ -42,7 +42,9 @@ from shimgen.trace import custom_ops, dims
 from shimgen.trace.entry import call_model, describe, example_sizes, load_model, make_inputs, project_scope
 
 _CONTAINERS: dict[type, int] = {tuple: TUPLE, list: LIST, dict: DICT}
-AUTO_SIZES = 8  # sizes of a dim below what torch.export can keep in the dynamic range that become variants of their own
+AUTO_SIZES = (
+    8  # sizes of a dim beyond what torch.export can keep in the dynamic range that become variants of their own
+)
 
 
 def trace_key(graph: Graph, target: Target, tc: Toolchain, spec_dir: Path, ops_key: str | None) -> str:
@@ -129,11 +131,12 @@ def _trace(graph: Graph, where: str, spec_dir: Path, device: str, program_file: 
 
 def _export_narrowing(
     adapter: Any, model: Any, inputs: list[Any], graph: Graph, where: str, device: str, initial: Saved
-) -> tuple[Any, list[tuple[str, int, str]]]:
-    """The exported program, and the dims whose smallest sizes it leaves out: where torch.export cannot keep a dim's
-    sizes below some bound inside the dynamic range (`x.shape[0] > 1`), the program takes the range from that bound and
-    each size below it becomes a variant of its own (dim, new min, the condition), up to AUTO_SIZES per dim."""
-    narrowed: list[tuple[str, int, str]] = []
+) -> tuple[Any, list[tuple[str, int, int, str]]]:
+    """The exported program, and the dims whose sizes at an end of the range it leaves out: where torch.export cannot
+    keep a dim's sizes below or above some bound inside the dynamic range (`x.shape[0] > 1`), the program takes the
+    range up to that bound and each size beyond it becomes a variant of its own (dim, new min, new max, the condition),
+    up to AUTO_SIZES per dim."""
+    narrowed: list[tuple[str, int, int, str]] = []
     traced = graph
     while True:
         try:
@@ -148,12 +151,19 @@ def _export_narrowing(
         except dims.RangeError as exc:
             initial.restore()
             dim = graph.dims.get(exc.dim)
-            if exc.raised_min is None or dim is None or (exc.raised_min - dim.min) // dim.multiple_of > AUTO_SIZES:
+            if dim is None or (exc.raised_min is None and exc.lowered_max is None):
                 raise
-            narrowed.append((exc.dim, exc.raised_min, exc.condition))
-            kept = dataclasses.replace(traced.dims[exc.dim], min=exc.raised_min)
-            if kept.example is not None and kept.example < kept.min:
+            current = traced.dims[exc.dim]
+            kept = dataclasses.replace(
+                current,
+                min=current.min if exc.raised_min is None else exc.raised_min,
+                max=current.max if exc.lowered_max is None else exc.lowered_max,
+            )
+            if (kept.min - dim.min + dim.max - kept.max) // dim.multiple_of > AUTO_SIZES or (
+                kept.example is not None and not kept.min <= kept.example <= kept.max
+            ):
                 raise
+            narrowed.append((exc.dim, kept.min, kept.max, exc.condition))
             traced = dataclasses.replace(traced, dims={**traced.dims, exc.dim: kept})
 
 

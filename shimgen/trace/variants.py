@@ -50,9 +50,11 @@ def left_out(works: list[tuple[str, int, Graph, Target, dict[str, int]]], traced
     known = {name for name, *_ in works}
     new = []
     for name, i, graph, target, sizes in works:
-        for dim, kept_min, condition in traced[name].narrowed if name in traced else ():
+        for dim, kept_min, kept_max, condition in traced[name].narrowed if name in traced else ():
             declared = graph.dims[dim]
-            for size in range(declared.min, kept_min, declared.multiple_of):
+            for size in range(declared.min, declared.max + 1, declared.multiple_of):
+                if kept_min <= size <= kept_max:
+                    continue
                 fixed = {d: ({**sizes, dim: size})[d] for d in graph.dims if d in sizes or d == dim}
                 variant = f"{unit_name(graph, target)}__{variant_name(fixed)}"
                 if variant not in known:
@@ -64,8 +66,9 @@ def left_out(works: list[tuple[str, int, Graph, Target, dict[str, int]]], traced
                     "",
                     f"graph[{i}].dims.{dim}",
                     f"the model cannot take every size of '{dim}' in [{declared.min}, {declared.max}]: it "
-                    f"needs {condition}, and building the sizes below {kept_min} as variants of their own would make {count} "
-                    f"variants (at most {VARIANTS_LIMIT}); write dims.{dim} = {{ min = {kept_min}, max = {declared.max} }}",
+                    f"needs {condition}, and building the sizes outside [{kept_min}, {kept_max}] as variants of their own "
+                    f"would make {count} variants (at most {VARIANTS_LIMIT}); write dims.{dim} = {{ min = {kept_min}, "
+                    f"max = {kept_max} }}",
                 )
     return new
 
@@ -76,7 +79,9 @@ def reason(graph: Graph, target: Target, sizes: dict[str, int], traced: dict[str
         return ""
     unit = unit_name(graph, target)
     for name, result in traced.items():
-        for dim, kept_min, condition in result.narrowed if name == unit or name.startswith(unit + "__") else ():
-            if sizes.get(dim, kept_min) < kept_min:
+        for dim, kept_min, kept_max, condition in (
+            result.narrowed if name == unit or name.startswith(unit + "__") else ()
+        ):
+            if not kept_min <= sizes.get(dim, kept_min) <= kept_max:
                 return f"torch.export cannot keep {dim}={sizes[dim]} in the dynamic range (the model needs {condition} there)"
     return ""
