@@ -10,7 +10,6 @@ still comes back from torch as a guard, which is translated here.
 from __future__ import annotations
 
 import ast
-import functools
 import linecache
 import operator
 import re
@@ -71,28 +70,23 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
     import torch
 
     dims = export_dims(graph)
-    try:
-        return _export(module, inputs, graph, dims)
-    except Exception as exc:
-        reported = exc
-        proven = _met_throughout(str(exc), graph)
-        if proven:
-            try:
-                hinted = {n: torch.export.Dim.DYNAMIC(min=graph.dims[n].min, max=graph.dims[n].max) for n in proven}
-                program = _export(module, inputs, graph, {**dims, **hinted})
-            except Exception as hinted_exc:
-                program = None
-                if {_spec_dim(exported) for exported, _ in _VIOLATION.findall(str(hinted_exc))} - proven:
-                    reported = hinted_exc
-            if program is not None and _takes_every_range(program, graph):
-                return program
-        raise _spec_error(
-            reported,
-            graph,
-            where,
-            module,
-            functools.cache(functools.partial(_guard_sites, module, inputs, graph, dims)),
-        ) from None
+    with internals.guard_sites() as sites:  # where the model's code made each condition, for the error below
+        try:
+            return _export(module, inputs, graph, dims)
+        except Exception as exc:
+            reported = exc
+            proven = _met_throughout(str(exc), graph)
+            if proven:
+                try:
+                    hinted = {n: torch.export.Dim.DYNAMIC(min=graph.dims[n].min, max=graph.dims[n].max) for n in proven}
+                    program = _export(module, inputs, graph, {**dims, **hinted})
+                except Exception as hinted_exc:
+                    program = None
+                    if {_spec_dim(exported) for exported, _ in _VIOLATION.findall(str(hinted_exc))} - proven:
+                        reported = hinted_exc
+                if program is not None and _takes_every_range(program, graph):
+                    return program
+            raise _spec_error(reported, graph, where, module, sites) from None
 
 
 def _export(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) -> Any:
@@ -122,17 +116,6 @@ def _takes_every_range(program: Any, graph: Graph) -> bool:
             if isinstance(size, str) and ranges.get((i, axis)) != (graph.dims[size].min, graph.dims[size].max):
                 return False
     return True
-
-
-def _guard_sites(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) -> list[tuple[str, str, int]]:
-    """(condition, file, line) of each condition on sizes that tracing adds, at the model's line that made it; found
-    by tracing again."""
-    with internals.guard_sites() as sites:
-        try:
-            _export(module, inputs, graph, dims)
-        except Exception:
-            pass
-    return sites
 
 
 def _site(sites: list[tuple[str, str, int]], matches: Callable[[str], object]) -> str:
@@ -169,10 +152,10 @@ def _spec_error(
     graph: Graph,
     where: str,
     module: Any = None,
-    sites: Callable[[], list[tuple[str, str, int]]] | None = None,
+    sites: list[tuple[str, str, int]] | None = None,
 ) -> SpecError:
-    """What torch's export error says of the spec, with the model's line that made the condition where `sites()` (a
-    trace again) finds it."""
+    """What torch's export error says of the spec, with the model's line that made the condition where `sites`
+    (internals.guard_sites) has it."""
     text = str(exc)
     violations = _VIOLATION.findall(text)
     name = _spec_dim(violations[0][0]) if violations else ""
@@ -197,7 +180,7 @@ def _spec_error(
             f"'{name}' (one graph for each size you need), or change the model",
         )
     fix = _suggested_fix(text, name, graph) or _bound_fix(guard, graph)
-    at = _site(sites(), _same_condition(raw, graph, name)) if failing[raw] and sites else ""
+    at = _site(sites, _same_condition(raw, graph, name)) if failing[raw] and sites else ""
     return range_error(graph, where, name, guard + _not_met_at(failing[raw], graph, name) + at, fix)
 
 
@@ -322,7 +305,7 @@ def _spec_dim(exported: str) -> str:
 
 
 def _made_constant(
-    text: str, graph: Graph, where: str, sites: Callable[[], list[tuple[str, str, int]]] | None = None
+    text: str, graph: Graph, where: str, sites: list[tuple[str, str, int]] | None = None
 ) -> SpecError | None:
     """A dim that the model's code turned into the size it was traced at: no range of it can be dynamic. Traced at one
     end of its range, the other sizes can still be variants of their own (a RangeError narrowing the range to it):
@@ -333,7 +316,7 @@ def _made_constant(
         return None
     size, dim = int(found[2]), graph.dims[name]
     fixed = re.compile(rf"Eq\((s\d+, {size}|{size}, s\d+)\)")
-    at = _site(sites(), fixed.fullmatch) if sites else ""
+    at = _site(sites, fixed.fullmatch) if sites else ""
     return RangeError(
         "",
         f"{where}.dims.{name}",
