@@ -42,9 +42,7 @@ from shimgen.trace import custom_ops, dims
 from shimgen.trace.entry import call_model, describe, example_sizes, load_model, make_inputs, project_scope
 
 _CONTAINERS: dict[type, int] = {tuple: TUPLE, list: LIST, dict: DICT}
-AUTO_SIZES = (
-    8  # sizes of a dim beyond what torch.export can keep in the dynamic range that become variants of their own
-)
+AUTO_SIZES = 8  # sizes of a dim beyond what torch.export keeps in its dynamic range that become variants of their own
 
 
 def trace_key(graph: Graph, target: Target, tc: Toolchain, spec_dir: Path, ops_key: str | None) -> str:

@@ -765,8 +765,8 @@ def _equal_at(program: Any, model: torch.nn.Module, sizes: tuple[tuple[int, int]
 def test_a_chunked_scan_is_refused_at_the_sizes_it_cannot_take_and_keeps_a_range_it_can(tmp_path: Path) -> None:
     """Bamba pads its sequence to whole chunks of 16, a path that a sequence of whole chunks does not take. Over [2, 32]
     torch's suggested fixes assert ("Cannot create Dim with inconsistent min=2, max=2") before listing the conditions:
-    the message names the one some sizes fail, those sizes, and Bamba's line. Over [17, 31] torch's conditions (an `or`, `min(...)`)
-    hold at every size: the range is kept, and the program equals the model at every size tried."""
+    the message names the one some sizes fail, those sizes, and Bamba's line. Over [17, 31] torch's conditions (an
+    `or`, `min(...)`) hold at every size: the range is kept, and the program equals the model at every size tried."""
     pytest.importorskip("transformers", reason="the test builds transformers' Bamba")
     from shimgen.inductor import internals
     from shimgen.trace import dims as trace_dims
