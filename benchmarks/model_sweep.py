@@ -810,6 +810,51 @@ CASES += [
     if case.name in LOW_PRECISION
 ]
 # images of any height and width ("+hw"), as detectors and segmenters take them
+# more architectures: vision backbones, a video transformer, multilingual T5s, LED, audio encoders, character and
+# layout models
+AUDIO = '[{ name = "input_values", shape = ["batch", "n"] }]'
+AUDIO_DIMS = "{ batch = { min = 1, max = 4 }, n = { min = 400, max = 4000, multiple_of = 20 } }"
+SMALL_CONV_AUDIO = (
+    SMALL_TEXT + ", conv_dim = [16, 16, 16], conv_stride = [5, 2, 2], conv_kernel = [10, 3, 3],"
+    " num_conv_pos_embeddings = 16, num_conv_pos_embedding_groups = 4"
+)
+SMALL_T5 = "d_model = 32, d_kv = 8, d_ff = 37, num_layers = 2, num_decoder_layers = 2, num_heads = 4, vocab_size = 99"
+STAGES = "hidden_sizes = [8, 16, 32, 64], depths = [1, 1, 1, 1], image_size = 32"
+CASES += [
+    hf("convnextv2", STAGES, inputs=PIXELS, dims=BATCH),
+    hf("focalnet", "embed_dim = 16, depths = [1, 1, 1, 1], image_size = 32, patch_size = 4", inputs=PIXELS, dims=BATCH),
+    hf("pvt_v2", STAGES + ", num_attention_heads = [1, 1, 2, 2]", inputs=PIXELS, dims=BATCH),
+    hf("poolformer", STAGES, inputs=PIXELS, dims=BATCH),
+    hf(
+        "timesformer",
+        SMALL_VISION + ", num_frames = 2",
+        inputs='[{ name = "pixel_values", shape = ["batch", 2, 3, 32, 32] }]',
+        dims=BATCH,
+    ),
+    hf("roformer", SMALL_TEXT + ", embedding_size = 32"),
+    hf("mt5", SMALL_T5, inputs=TEXT_AND_TARGET, dims=BATCH_SEQ_TARGET),
+    hf("umt5", SMALL_T5, inputs=TEXT_AND_TARGET, dims=BATCH_SEQ_TARGET),
+    hf(
+        "led",
+        "d_model = 32, encoder_layers = 2, decoder_layers = 2, vocab_size = 99, attention_window = [4, 4],"
+        " max_encoder_position_embeddings = 64, max_decoder_position_embeddings = 64, " + SEQ2SEQ,
+        inputs=TEXT_AND_TARGET,
+        dims=BATCH_SEQ_TARGET,
+    ),
+    hf("data2vec-audio", SMALL_CONV_AUDIO + ", conv_pos_kernel_size = 3", inputs=AUDIO, dims=AUDIO_DIMS),
+    hf("unispeech-sat", SMALL_CONV_AUDIO, inputs=AUDIO, dims=AUDIO_DIMS),
+    # Canine downsamples its characters with MaxPool1d, whose torch code fixes the length it is traced at: a fixed sequence
+    hf(
+        "canine",
+        "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 37,"
+        " downsampling_rate = 2, num_hash_buckets = 64, num_hash_functions = 2, local_transformer_stride = 4",
+        inputs=TOKENS_16,
+        dims=BATCH,
+    ),
+    hf("ibert", SMALL_TEXT),
+    hf("layoutlm", SMALL_TEXT),
+    hf("mra", SMALL_TEXT),
+]
 HW = ("timm:resnet18d", "timm:convnext_atto", "transformers:segformer", "transformers:detr/ObjectDetection")
 CASES += [
     replace(
