@@ -118,12 +118,14 @@ def _takes_every_range(program: Any, graph: Graph) -> bool:
     return True
 
 
+def _at(file: str, line: int) -> str:
+    """` at <file>:<line> (`<code>`)`: where in the model's code, as the messages say it."""
+    return f" at {file}:{line} (`{linecache.getline(file, line).strip()}`)"
+
+
 def _site(sites: list[tuple[str, str, int]], matches: Callable[[str], object]) -> str:
-    """` at <file>:<line> (`<code>`)` of the first of `sites` whose condition `matches`; "" where none does."""
-    for condition, file, line in sites:
-        if matches(condition):
-            return f" at {file}:{line} (`{linecache.getline(file, line).strip()}`)"
-    return ""
+    """`_at` the first of `sites` whose condition `matches`; "" where none does."""
+    return next((_at(file, line) for condition, file, line in sites if matches(condition)), "")
 
 
 def _same_condition(guard: str, graph: Graph, name: str) -> Callable[[str], bool]:
@@ -203,7 +205,7 @@ def _data_dependent(exc: Exception, module: Any, where: str) -> SpecError | None
         return None
     found = _RAISED_AT.search(str(exc))
     raised = (found[1], int(found[2])) if found else internals.raised_in_model(exc)
-    at = f" at {raised[0]}:{raised[1]} (`{linecache.getline(*raised).strip()}`)" if raised else ""
+    at = _at(*raised) if raised else ""
     model = getattr(module, "model", module)  # the user's, inside the module that takes the spec's inputs
     refused = ""
     if getattr(type(model), "_can_compile_fullgraph", None) is False:
