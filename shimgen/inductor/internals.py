@@ -239,6 +239,12 @@ def input_size_ranges(program: Any) -> dict[tuple[int, int], tuple[int, int]]:
     return ranges
 
 
+def program_guards(program: Any) -> list[str]:
+    """The conditions on input sizes an exported program checks at each call (`Guard failed: ...` where one is not
+    met), as torch prints them: `L['tensors'][0].size()[1] > 1`."""
+    return list(getattr(program, "_guards_code", ()))
+
+
 def _input_sizes(program: Any) -> Iterator[tuple[str, int, int, Any]]:
     """Each size of the program's user input tensors, as traced: (placeholder name, input index, axis, size)."""
     user_inputs = list(program.graph_signature.user_inputs)

@@ -14,6 +14,7 @@ import linecache
 import operator
 import re
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from shimgen.errors import SpecError
@@ -66,27 +67,40 @@ def export(module: Any, inputs: list[Any], graph: Graph, where: str) -> Any:
     chunked again), though every size of the range meets it, the dim is exported again as a hint of the same range,
     under which torch keeps the condition without proving it; the program must then take the whole range. Where that
     export finds conditions on other dims (torch stopped at the first dim's before: Mamba-2's batch != 1 behind its
-    sequence's chunk count), those are reported instead: a bound among them narrows the range (`RangeError`)."""
+    sequence's chunk count), those are reported instead: a bound among them narrows the range (`RangeError`).
+
+    A program is returned only where each condition it checks at a call holds over the whole range: torch keeps some
+    unproven (`target > 1` of a range from 1, held size-oblivious; Bamba's `pad_size > 0` on CUDA)."""
+    with internals.guard_sites() as sites:  # where the model's code made each condition, for the errors below
+        program = _export_whole_ranges(module, inputs, graph, where, sites)
+        unmet = _unmet_guard(program, graph)
+        if unmet is not None:
+            raise _condition_error(*unmet, graph, where, sites)
+        return program
+
+
+def _export_whole_ranges(
+    module: Any, inputs: list[Any], graph: Graph, where: str, sites: list[tuple[str, str, int]]
+) -> Any:
     import torch
 
     dims = export_dims(graph)
-    with internals.guard_sites() as sites:  # where the model's code made each condition, for the error below
-        try:
-            return _export(module, inputs, graph, dims)
-        except Exception as exc:
-            reported = exc
-            proven = _met_throughout(str(exc), graph)
-            if proven:
-                try:
-                    hinted = {n: torch.export.Dim.DYNAMIC(min=graph.dims[n].min, max=graph.dims[n].max) for n in proven}
-                    program = _export(module, inputs, graph, {**dims, **hinted})
-                except Exception as hinted_exc:
-                    program = None
-                    if {_spec_dim(exported) for exported, _ in _VIOLATION.findall(str(hinted_exc))} - proven:
-                        reported = hinted_exc
-                if program is not None and _takes_every_range(program, graph):
-                    return program
-            raise _spec_error(reported, graph, where, module, sites) from None
+    try:
+        return _export(module, inputs, graph, dims)
+    except Exception as exc:
+        reported = exc
+        proven = _met_throughout(str(exc), graph)
+        if proven:
+            try:
+                hinted = {n: torch.export.Dim.DYNAMIC(min=graph.dims[n].min, max=graph.dims[n].max) for n in proven}
+                program = _export(module, inputs, graph, {**dims, **hinted})
+            except Exception as hinted_exc:
+                program = None
+                if {_spec_dim(exported) for exported, _ in _VIOLATION.findall(str(hinted_exc))} - proven:
+                    reported = hinted_exc
+            if program is not None and _takes_every_range(program, graph):
+                return program
+        raise _spec_error(reported, graph, where, module, sites) from None
 
 
 def _export(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) -> Any:
@@ -116,6 +130,36 @@ def _takes_every_range(program: Any, graph: Graph) -> bool:
             if isinstance(size, str) and ranges.get((i, axis)) != (graph.dims[size].min, graph.dims[size].max):
                 return False
     return True
+
+
+def _unmet_guard(program: Any, graph: Graph) -> tuple[str, str, list[int]] | None:
+    """A condition the hinted program checks at each call that some sizes of its dim's range do not meet (Bamba's
+    `pad_size > 0` on CUDA, which the first export did not report): (torch's condition, the dim, those sizes)."""
+    for raw in internals.program_guards(program):
+        refs = _SIZE.findall(raw)
+        name = _dim_at(graph, graph.inputs[int(refs[0][0])].name, int(refs[0][1])) if refs else None
+        sizes = _sizes_not_meeting(raw, graph, name) if name else None
+        if name and sizes:
+            return raw, name, sizes
+    return None
+
+
+def _condition_error(
+    raw: str,
+    name: str,
+    sizes: list[int] | None,
+    graph: Graph,
+    where: str,
+    sites: list[tuple[str, str, int]] | None,
+    text: str = "",
+) -> RangeError:
+    """The range error for torch's condition `raw` on the dim `name`, not met at `sizes`: the condition in the spec's
+    terms, the sizes, the model's line where `sites` has it, and the spec line that fixes it where torch or the
+    condition says."""
+    guard = _readable(raw, graph)
+    fix = _suggested_fix(text, name, graph) or _bound_fix(guard, graph)
+    at = _site(sites, _same_condition(raw, graph, name)) if sizes and sites else ""
+    return range_error(graph, where, name, guard + _not_met_at(sizes, graph, name) + at, fix)
 
 
 def _at(file: str, line: int) -> str:
@@ -181,9 +225,7 @@ def _spec_error(
             f"arithmetic over a range). Give '{name}' a fixed size: write the number in the inputs' shapes instead of "
             f"'{name}' (one graph for each size you need), or change the model",
         )
-    fix = _suggested_fix(text, name, graph) or _bound_fix(guard, graph)
-    at = _site(sites, _same_condition(raw, graph, name)) if failing[raw] and sites else ""
-    return range_error(graph, where, name, guard + _not_met_at(failing[raw], graph, name) + at, fix)
+    return _condition_error(raw, name, failing[raw], graph, where, sites, text)
 
 
 def _not_met_at(sizes: list[int] | None, graph: Graph, name: str) -> str:
@@ -251,6 +293,13 @@ _CALLS: dict[str, Callable[..., Any]] = {
     "FloorDiv": operator.floordiv,
 }
 
+# what `_evaluate` takes, for eval(): no builtins, sympy's names, torch.sym_min and sym_max
+_NAMES: dict[str, Any] = {
+    "__builtins__": {},
+    "torch": SimpleNamespace(sym_min=min, sym_max=max),
+    **{name: call for name, call in _CALLS.items() if "." not in name},
+}
+
 
 def _holds_throughout(guard: str, graph: Graph, name: str) -> bool:
     """Whether torch's `guard`, integer arithmetic over sizes of the dim `name` alone, is true at every size of its
@@ -268,9 +317,11 @@ def _sizes_not_meeting(guard: str, graph: Graph, name: str) -> list[int] | None:
     if len(sizes) > _MOST_SIZES_TRIED:
         return None
     try:
-        tree = ast.parse(_SIZE.sub("size", guard), mode="eval").body
-        return [size for size in sizes if _evaluate(tree, size) is not True]
-    except (SyntaxError, ValueError, ZeroDivisionError):
+        tree = ast.parse(_SIZE.sub("size", guard), mode="eval")
+        _evaluate(tree.body, sizes[0])  # ValueError for anything but size arithmetic
+        code = compile(tree, "<guard>", "eval")  # then Python's own evaluation: a range can have many sizes
+        return [size for size in sizes if eval(code, _NAMES, {"size": size}) is not True]
+    except (SyntaxError, ValueError, ZeroDivisionError, IndexError):
         return None
 
 

@@ -715,6 +715,53 @@ def test_a_condition_every_size_meets_but_torch_cannot_prove_keeps_the_range(tmp
     )
 
 
+class PaddedChunks(Chunks):
+    """Bamba's scan: chunks of 64, and a step that runs only where the sequence is not a whole number of 16s."""
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        scanned = super().forward(*tensors)
+        if (16 - tensors[0].shape[1] % 16) % 16 > 0:
+            return scanned * 2
+        return scanned
+
+
+class AboveOne(torch.nn.Module):
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return tensors[0] * 2 if tensors[0].shape[0] > 1 else tensors[0] * 3
+
+
+def test_a_condition_the_program_checks_at_each_call_holds_over_the_whole_range(tmp_path: Path) -> None:
+    """torch keeps some conditions unproven as checks of the program: `batch > 1` over a range from 1 (size-oblivious),
+    and whatever a hinted export meets (Bamba's `pad_size > 0`, on CUDA). A program that would fail its own check at a
+    size of the declared range is not returned: the sizes are named, and a bound narrows the range as torch's own
+    refusals do."""
+    from shimgen.trace import dims as trace_dims
+
+    spec = tmp_path / "dims.toml"
+    spec.write_text(dims("{ min = 1, max = 4 }"))
+    with pytest.raises(trace_dims.RangeError) as raised:
+        trace_dims.export(AboveOne(), [torch.randn(2, 32)], load_spec(spec).graph[0], "graph[0]")
+    assert raised.value.message.startswith(
+        "the model cannot take every size of 'batch' in [1, 4]: it needs x.shape[0] > 1 (not met at batch = 1)"
+    ), raised.value.message
+    assert raised.value.raised_min == 2 and raised.value.message.endswith("write dims.batch = { min = 2, max = 4 }")
+
+    chunked = edited(GOOD_GRAPH, '["batch", 32]', '[2, "seq", 8]')
+    spec.write_text(
+        PROJECT + edited(chunked, "dims = { batch = { min = 1, max = 8 } }", "dims = { seq = { min = 2, max = 32 } }")
+    )
+    graph = load_spec(spec).graph[0]
+    hinted = {1: torch.export.Dim.DYNAMIC(min=2, max=32)}
+    program = torch.export.export(PaddedChunks(), (torch.randn(2, 17, 8),), dynamic_shapes=((hinted,),))
+    unmet = trace_dims._unmet_guard(program, graph)
+    assert unmet is not None and unmet[1:] == ("seq", [16, 32])
+    message = trace_dims._condition_error(*unmet, graph, "graph[0]", None).message
+    assert message == (
+        "the model cannot take every size of 'seq' in [2, 32]: it needs ((16 + (-1)*(x.shape[1] % 16)) % 16) > 0 "
+        "(not met at seq = 16, 32); narrow the range, or change the model so that it takes every size in it"
+    )
+
+
 class HybridDecoder(torch.nn.Module):
     """transformers' Bamba from a small config (Mamba-2 layers scanning chunks of 16, one attention layer), called as
     shimgen's trace calls a model."""
