@@ -145,6 +145,7 @@ def _export_narrowing(
             dims.check_smallest(program, model, traced, where, device, initial, program_initial, mutated_state(program))
             program_initial.restore()
             initial.restore()
+            without_cudnn_paths(program)  # after the check against eager, which takes cuDNN's path as the model does
             return program, narrowed
         except dims.RangeError as exc:
             initial.restore()
@@ -163,6 +164,23 @@ def _export_narrowing(
                 raise
             narrowed.append((exc.dim, kept.min, kept.max, exc.condition))
             traced = dataclasses.replace(traced, dims={**traced.dims, exc.dim: kept})
+
+
+def without_cudnn_paths(program: Any) -> None:
+    """The program's `grid_sampler` (grid_sample's op) as what it computes on the CPU, `grid_sampler_2d` or `_3d` by
+    the input's rank, in place. On CUDA torch takes it apart into cuDNN's sampler (bilinear, zeros padding, aligned
+    corners: RAFT's correlation lookup), which Inductor cannot compile: it has no fake implementation."""
+    import torch
+
+    aten = torch.ops.aten
+    nodes = [
+        node for node in program.graph.nodes if node.op == "call_function" and node.target == aten.grid_sampler.default
+    ]
+    for node in nodes:
+        rank = node.args[0].meta["val"].dim()
+        node.target = aten.grid_sampler_2d.default if rank == 4 else aten.grid_sampler_3d.default
+    if nodes:
+        program.graph_module.recompile()
 
 
 class Saved:

@@ -380,3 +380,25 @@ def test_a_tiled_scatter_of_atomic_adds_writes_in_bounds(tmp_path: Path) -> None
         env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")},
     )
     assert run.returncode == 0 and run.stdout.strip() == "equal", run.stderr[-2000:]
+
+
+def test_grid_sample_is_traced_to_the_op_it_computes_on_the_cpu() -> None:
+    """On CUDA, torch takes grid_sample's op apart into cuDNN's sampler (RAFT's correlation lookup), which Inductor
+    cannot compile: the program holds the op it computes on the CPU, grid_sampler_2d (or _3d), and computes the same."""
+    from shimgen.trace.export import without_cudnn_paths
+
+    class Sample(torch.nn.Module):
+        def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.grid_sample(x, grid, align_corners=True)
+
+    aten = torch.ops.aten
+    for x, grid, op in (
+        (torch.randn(2, 3, 8, 8), torch.rand(2, 5, 5, 2) * 2 - 1, aten.grid_sampler_2d.default),
+        (torch.randn(1, 2, 4, 4, 4), torch.rand(1, 3, 3, 3, 3) * 2 - 1, aten.grid_sampler_3d.default),
+    ):
+        program = torch.export.export(Sample(), (x, grid))
+        assert program.graph.find_nodes(op="call_function", target=aten.grid_sampler.default)
+        without_cudnn_paths(program)
+        assert not program.graph.find_nodes(op="call_function", target=aten.grid_sampler.default)
+        assert program.graph.find_nodes(op="call_function", target=op)
+        torch.testing.assert_close(program.module()(x, grid), Sample()(x, grid))
