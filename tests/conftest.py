@@ -32,10 +32,7 @@ _import_torchvision_anywhere()
 
 # scripts/test.sh runs the suite on two workers with --dist loadgroup: each group of tests runs on one worker, with its
 # module's fixtures, and the groups start slowest first (by their seconds in a measured `.ci/run`), so that no long group
-# is left to start last. A test file is a group unless its tests are marked with groups of their own (the zoo's checks),
-# or its tests share no fixture wider than a test's: each of those is a group of its own, and the file's tests start
-# where the file stands in SLOWEST_FIRST (test_spec_errors.py: two minutes of tests, no longer on one worker at the end).
-TESTS_ALONE = ("test_spec_errors.py",)
+# is left to start last. A test file is a group unless its tests are marked with groups of their own (the zoo's checks).
 SLOWEST_FIRST = (
     "test_build.py",
     "test_rebuild.py",
@@ -56,7 +53,6 @@ SLOWEST_FIRST = (
     "test_cpp_package.py",
     "test_codegen.py",
     "zoo-aoti",
-    "test_spec_errors.py",
 )
 
 
@@ -68,10 +64,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            alone = item.path.name in TESTS_ALONE
-            item.add_marker(pytest.mark.xdist_group(item.name if alone else item.path.name))
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
     rank = {name: k for k, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(group(item), rank.get(item.path.name, len(rank))))
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
