@@ -133,8 +133,8 @@ def _takes_every_range(program: Any, graph: Graph) -> bool:
 
 
 def _unmet_guard(program: Any, graph: Graph) -> tuple[str, str, list[int]] | None:
-    """A condition the hinted program checks at each call that some sizes of its dim's range do not meet (Bamba's
-    `pad_size > 0` on CUDA, which the first export did not report): (torch's condition, the dim, those sizes)."""
+    """A condition the program checks at each call that some sizes of its dim's range do not meet (torch's
+    condition, the dim, those sizes); None where every size meets each."""
     for raw in internals.program_guards(program):
         refs = _SIZE.findall(raw)
         name = _dim_at(graph, graph.inputs[int(refs[0][0])].name, int(refs[0][1])) if refs else None
