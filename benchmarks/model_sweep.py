@@ -968,6 +968,8 @@ def main() -> None:
         f"{os.cpu_count()} cores, torch {torch.__version__}, {len(cases)} models, {args.jobs} at once\n"
     )
     report("| model | outcome | seconds | detail |\n| --- | --- | --- | --- |")
+    if args.out:  # a run cut short before its first case ends still says what it ran
+        report.save(args.out)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)  # the cores shared out among the builds
     gpus = itertools.cycle(range(torch.cuda.device_count())) if args.device == "cuda" else itertools.repeat(None)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # reported as they finish
