@@ -69,7 +69,7 @@ def diagnose(case: Case, device: str, report: Report) -> None:
         model = load_model(graph, "graph[0]", work)
         model = model.to(device) if isinstance(model, torch.nn.Module) else model
         inputs = [t.to(device) for t in make_inputs(graph, example_sizes(graph), graph.seed)]
-        symbolic_shapes.ShapeEnv.create_unbacked_symint = recorded  # type: ignore[method-assign]
+        symbolic_shapes.ShapeEnv.create_unbacked_symint = recorded
         check_smallest = dims.check_smallest
         dims.check_smallest = lambda *args, **kwargs: None  # the comparisons below make it, at more sizes
         try:
@@ -81,7 +81,7 @@ def diagnose(case: Case, device: str, report: Report) -> None:
             program = None
             report(f"trace failed: {str(exc)[:800]}")
         finally:
-            symbolic_shapes.ShapeEnv.create_unbacked_symint = create  # type: ignore[method-assign]
+            symbolic_shapes.ShapeEnv.create_unbacked_symint = create
             dims.check_smallest = check_smallest
         report("\n".join(made) or "no unbacked sizes")
         if program is None:
