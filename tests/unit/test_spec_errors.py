@@ -599,6 +599,17 @@ def test_a_bound_torch_writes_size_last_reads_and_narrows_as_one_written_size_fi
     assert trace_dims._readable("2 < L['tensors'][0].size()[0]", graph) == "x.shape[0] > 2"
 
 
+def _range_error(tmp_path: Path, model: torch.nn.Module, batch: str, x: torch.Tensor) -> Any:
+    """The RangeError of exporting `model`, traced at `x`, over the good spec with the batch dim's table `batch`."""
+    from shimgen.trace import dims as trace_dims
+
+    spec = tmp_path / "dims.toml"
+    spec.write_text(dims(batch))
+    with pytest.raises(trace_dims.RangeError) as raised:
+        trace_dims.export(model, [x], load_spec(spec).graph[0], "graph[0]")
+    return raised.value
+
+
 def test_a_dim_the_model_makes_constant_is_named_with_the_fix(tmp_path: Path) -> None:
     """transformers' Mamba scans its sequence in a Python loop, which torch.export turns into one size: said in the
     spec's terms, not torch.export's (mark_dynamic, Dim.STATIC)."""
@@ -622,15 +633,12 @@ def test_a_dim_the_model_makes_constant_is_named_with_the_fix(tmp_path: Path) ->
     assert isinstance(raised.value, trace_dims.RangeError) and raised.value.raised_min is None
 
     # Traced at the range's largest size, the sizes below it can be variants of their own (a variant is traced static).
-    spec.write_text(dims("{ min = 1, max = 3, example = 3 }"))
-    with pytest.raises(trace_dims.RangeError) as raised_to_max:
-        trace_dims.export(Scan(), [torch.randn(3, 32)], load_spec(spec).graph[0], "graph[0]")
-    assert raised_to_max.value.raised_min == 3 and raised_to_max.value.dim == "batch"
+    raised_to_max = _range_error(tmp_path, Scan(), "{ min = 1, max = 3, example = 3 }", torch.randn(3, 32))
+    assert raised_to_max.raised_min == 3 and raised_to_max.dim == "batch"
 
 
 def test_a_condition_that_narrows_the_range_is_named_at_the_models_line(tmp_path: Path) -> None:
     """DETR on CUDA took batch <= 3 only: the message names the model's line that made the condition."""
-    from shimgen.trace import dims as trace_dims
 
     class Branch(torch.nn.Module):
         def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
@@ -638,15 +646,12 @@ def test_a_condition_that_narrows_the_range_is_named_at_the_models_line(tmp_path
                 return tensors[0] * 2
             return tensors[0] * 3
 
-    spec = tmp_path / "dims.toml"
-    spec.write_text(dims("{ min = 1, max = 4 }"))
-    with pytest.raises(trace_dims.RangeError) as raised:
-        trace_dims.export(Branch(), [torch.randn(2, 32)], load_spec(spec).graph[0], "graph[0]")
-    assert raised.value.message.startswith(
+    raised = _range_error(tmp_path, Branch(), "{ min = 1, max = 4 }", torch.randn(2, 32))
+    assert raised.message.startswith(
         "the model cannot take every size of 'batch' in [1, 4]: it needs x.shape[0] <= 3 (not met at batch = 4) at "
         f"{__file__}:"
-    ), raised.value.message
-    assert "(`if tensors[0].shape[0] <= 3:`); write dims.batch = { min = 1, max = 3 }" in raised.value.message
+    ), raised.message
+    assert "(`if tensors[0].shape[0] <= 3:`); write dims.batch = { min = 1, max = 3 }" in raised.message
 
 
 class Chunks(torch.nn.Module):
@@ -737,15 +742,13 @@ def test_a_condition_the_program_checks_at_each_call_holds_over_the_whole_range(
     refusals do."""
     from shimgen.trace import dims as trace_dims
 
-    spec = tmp_path / "dims.toml"
-    spec.write_text(dims("{ min = 1, max = 4 }"))
-    with pytest.raises(trace_dims.RangeError) as raised:
-        trace_dims.export(AboveOne(), [torch.randn(2, 32)], load_spec(spec).graph[0], "graph[0]")
-    assert raised.value.message.startswith(
+    raised = _range_error(tmp_path, AboveOne(), "{ min = 1, max = 4 }", torch.randn(2, 32))
+    assert raised.message.startswith(
         "the model cannot take every size of 'batch' in [1, 4]: it needs x.shape[0] > 1 (not met at batch = 1)"
-    ), raised.value.message
-    assert raised.value.raised_min == 2 and raised.value.message.endswith("write dims.batch = { min = 2, max = 4 }")
+    ), raised.message
+    assert raised.raised_min == 2 and raised.message.endswith("write dims.batch = { min = 2, max = 4 }")
 
+    spec = tmp_path / "dims.toml"
     chunked = edited(GOOD_GRAPH, '["batch", 32]', '[2, "seq", 8]')
     spec.write_text(
         PROJECT + edited(chunked, "dims = { batch = { min = 1, max = 8 } }", "dims = { seq = { min = 2, max = 32 } }")
