@@ -71,6 +71,96 @@ def backed_size_oblivious() -> Iterator[None]:
 
 
 @contextmanager
+def slices_sized_by_min_max() -> Iterator[None]:
+    """Slices whose bounds torch cannot order against the size (`x[:, :n]` of a padded length, `mask[:, -n:]`) sized
+    by min and max of the sizes while tracing in the block, as torch 2.13 sizes them (pytorch#185166). Before, torch
+    gave such a slice a size of its own that no input determines, and then refused the first condition on it:
+    Mamba-2, Qwen3-Next, Falcon-H1 and SEW over a dynamic length on torch 2.11. Nothing changes on a torch that
+    does it already."""
+    import inspect
+
+    import torch
+    from torch._subclasses import fake_impls
+
+    slice_op, table = torch.ops.aten.slice.Tensor, getattr(fake_impls, "op_implementations_dict", {})
+    try:
+        sized_already = "sym_min" in inspect.getsource(fake_impls._compute_slice_index)
+    except (AttributeError, OSError, TypeError):  # a torch that slices otherwise, or without its sources
+        sized_already = True
+    if sized_already or slice_op not in table:
+        yield
+        return
+    real = table[slice_op]
+    table[slice_op] = _slice_sized_by_min_max
+    try:
+        yield
+    finally:
+        table[slice_op] = real
+
+
+def _slice_index(size: Any, index: Any) -> Any:
+    """torch 2.13's fake_impls._compute_slice_index: `index` of a dim of `size` clamped into [0, size]; None where it
+    cannot be told."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import guard_or_false, sym_and
+
+    if guard_or_false(sym_and(index >= 0, index <= size)):
+        return index
+    if guard_or_false(sym_and(index < 0, index >= -size)):
+        return index + size
+    if guard_or_false(index < -size):
+        return 0
+    if guard_or_false(index > size):
+        return size
+    if guard_or_false(index >= 0):
+        return torch.sym_min(index, size)
+    if guard_or_false(index < 0):
+        return torch.sym_max(index + size, 0)
+    return None
+
+
+def _slice_sized_by_min_max(
+    fake_mode: Any, func: Any, self: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+) -> Any:
+    """torch 2.13's fake implementation of aten.slice.Tensor."""
+    import torch
+    from torch._prims_common import canonicalize_dim
+    from torch.fx.experimental.symbolic_shapes import guard_or_false, statically_known_true
+
+    if self.dim() == 0:
+        raise RuntimeError("slice() cannot be applied to a 0-dim tensor.")
+    if step <= 0:
+        raise RuntimeError("slice step must be positive")
+    dim = canonicalize_dim(self.dim(), dim)
+    sizes, strides = list(self.size()), list(self.stride())
+    start_index = 0 if start is None else _slice_index(sizes[dim], start)
+    whole = end is None or statically_known_true(end == sys.maxsize)
+    end_index = sizes[dim] if whole else _slice_index(sizes[dim], end)
+    new_size = None
+    if start_index is not None and end_index is not None:
+        if guard_or_false(end_index >= start_index):
+            new_size = (end_index - start_index + step - 1) // step
+        elif guard_or_false(start_index >= end_index):
+            new_size = 0
+        else:
+            new_size = (torch.sym_max(end_index - start_index, 0) + step - 1) // step
+    shape_env = fake_mode.shape_env
+    if new_size is None:
+        new_size = shape_env.create_unbacked_symint()
+        torch._check(new_size >= 0)
+        torch._check(new_size <= sizes[dim])
+    if start_index is not None:
+        offset = self.storage_offset() + start_index * strides[dim]
+    else:
+        offset = shape_env.create_unbacked_symint()
+        torch._check(offset >= 0)
+    sizes[dim], strides[dim] = new_size, strides[dim] * step
+    if self.is_quantized:
+        raise NotImplementedError("Slice decomposition for quantized tensors aren't implemented")
+    return self.as_strided(sizes, strides, offset)
+
+
+@contextmanager
 def guard_sites() -> Iterator[list[tuple[str, str, int]]]:
     """(condition, file, line) of each condition on sizes that torch adds while tracing in the block, at the first
     frame outside torch that made it; none where this torch has no such hook."""

@@ -107,7 +107,7 @@ def _export(module: Any, inputs: list[Any], graph: Graph, dims: dict[str, Any]) 
     import torch
 
     dynamic = tuple({k: dims[s] for k, s in enumerate(inp.shape) if s in dims} for inp in graph.inputs)
-    with internals.backed_size_oblivious(), internals.partial_graph_unprinted():
+    with internals.backed_size_oblivious(), internals.slices_sized_by_min_max(), internals.partial_graph_unprinted():
         return torch.export.export(module, tuple(inputs), dynamic_shapes=(dynamic,))
 
 

@@ -402,3 +402,39 @@ def test_grid_sample_is_traced_to_the_op_it_computes_on_the_cpu() -> None:
         assert not program.graph.find_nodes(op="call_function", target=aten.grid_sampler.default)
         assert program.graph.find_nodes(op="call_function", target=op)
         torch.testing.assert_close(program.module()(x, grid), Sample()(x, grid))
+
+
+def _slice_index_of_torch_2_11(size: Any, index: Any) -> Any:  # no min or max in its source, as torch 2.11 has it
+    return index
+
+
+def test_a_slice_torch_cannot_order_against_its_size_is_sized_by_min_and_max(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch 2.11 gave `y[:, :seq]` of a length padded to a multiple of 16 a size no input determines, and then refused
+    the first condition on it (Mamba-2, Qwen3-Next, Falcon-H1, SEW over a dynamic length). Where torch slices so, the
+    trace slices as torch 2.13 does (here forced on, since this torch does it already): a size of min and max of the
+    input's, and the program computes what the model does at every length."""
+    from torch._subclasses import fake_impls
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    from shimgen.inductor import internals
+
+    class PaddedChunks(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seq = x.shape[1]
+            padded = torch.nn.functional.pad(x, (0, 0, 0, 16 * ((seq + 15) // 16) - seq)) * 2
+            return padded[:, :seq] + padded[:, -seq:].flip(1)
+
+    table, slice_op = fake_impls.op_implementations_dict, torch.ops.aten.slice.Tensor
+    torch_own = table[slice_op]
+    monkeypatch.setattr(fake_impls, "_compute_slice_index", _slice_index_of_torch_2_11)
+    with internals.backed_size_oblivious(), internals.slices_sized_by_min_max():
+        assert table[slice_op] is internals._slice_sized_by_min_max
+        # Dim.DYNAMIC: torch cannot prove the two slices equal in size over the range (dims.export's hinted export)
+        seq = torch.export.Dim.DYNAMIC(min=1, max=40)
+        program = torch.export.export(PaddedChunks(), (torch.randn(2, 5, 3),), dynamic_shapes=({1: seq},))
+    assert table[slice_op] is torch_own
+    sizes = [n.meta["val"] for n in program.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert not any(free_unbacked_symbols(v.shape) for v in sizes)
+    for seq in (1, 5, 16, 17, 40):
+        x = torch.randn(2, seq, 3)
+        torch.testing.assert_close(program.module()(x), PaddedChunks()(x))
