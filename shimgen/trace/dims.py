@@ -22,7 +22,7 @@ from shimgen.inductor import internals
 from shimgen.inductor.weights import WEIGHT_PREFIX
 from shimgen.spec import Dim, Graph
 from shimgen.tolerance import difference
-from shimgen.trace.entry import call_model, make_inputs
+from shimgen.trace.entry import call_model, example_sizes, make_inputs
 
 _SIZE = re.compile(r"(?:L\['tensors'\]\[|\btensors_)(\d+)\]?\.size\(\)\[(\d+)\]")
 _BOUND = re.compile(r"^\(?(\w+)\.shape\[(\d+)\]\)? (!=|>=|<=|>|<) (\d+)$")
@@ -518,7 +518,7 @@ def _first_lines(exc: Exception, graph: Graph) -> str:
     return f"{type(exc).__name__}: {text}" + ("\n  ..." if len(useful) > 8 else "")
 
 
-def check_smallest(
+def check_against_eager(
     program: Any,
     model: Any,
     graph: Graph,
@@ -528,18 +528,73 @@ def check_smallest(
     program_initial: Any,
     mutated: tuple[str, ...],
 ) -> None:
-    """Run the exported program with every dim at its min and compare with eager, both from their initial state
-    (`*_initial`: trace.Saved), outputs and the `mutated` state alike.
+    """Run the exported program with every dim at its min (a graph without dims: at its sizes) and compare with eager,
+    both from their initial state (`*_initial`: trace.Saved), outputs and the `mutated` state alike.
 
-    Sizes 0 and 1 are where tracing has to assume the most (broadcasting, squeezes); a model that
-    computes something else there must fail the build, not answer wrongly at run time."""
+    Sizes 0 and 1 are where tracing has to assume the most (broadcasting, squeezes); a model that computes something
+    else there must fail the build, not answer wrongly at run time. A model can also compute otherwise whenever it is
+    traced (code that asks whether it is being exported, as transformers 5.17's UMT5 decoder, causal only then): the
+    package would then differ from eager at every size."""
+
+    sizes = {name: d.min for name, d in graph.dims.items()}
+    label = ", ".join(f"{name}={size}" for name, size in sizes.items())
+    try:
+        found = _differs(program, model, graph, sizes, device, model_initial, program_initial, mutated)
+    except _ProgramFailed as failed:
+        exc = failed.error
+        if not graph.dims:
+            raise SpecError("", where, f"the traced model fails where eager runs: {_first_lines(exc, graph)}") from None
+        guard = _GUARD_FAILED.search(str(exc))
+        condition = _readable(guard[1], graph) if guard else ""
+        bound = _BOUND.match(condition)
+        name = _dim_at(graph, bound[1], int(bound[2])) if bound else None
+        if name is not None:
+            raise range_error(graph, where, name, condition, _bound_fix(condition, graph)) from None
+        raise SpecError(
+            "",
+            f"{where}.dims",
+            f"the traced model fails at the smallest sizes ({label}): {_first_lines(exc, graph)}; raise the dims' min",
+        ) from None
+    if found is None:
+        return
+    example = example_sizes(graph)
+    if graph.dims and _differs(program, model, graph, example, device, model_initial, program_initial, mutated) is None:
+        raise SpecError(
+            "",
+            f"{where}.dims",
+            f"at the smallest sizes ({label}) {found}: the model behaves differently there than at the example sizes; "
+            "raise the dims' min (or atol and rtol, where the difference is rounding)",
+        )
+    raise SpecError(
+        "",
+        where,
+        f"{'at the example sizes ' if graph.dims else ''}{found}: the model computes otherwise when torch.export "
+        "traces it than when it runs (code that asks whether it is being traced or exported takes another path), so "
+        "a package would differ from eager at every size; raise atol and rtol where the difference is rounding",
+    )
+
+
+class _ProgramFailed(Exception):
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _differs(
+    program: Any,
+    model: Any,
+    graph: Graph,
+    sizes: dict[str, int],
+    device: str,
+    model_initial: Any,
+    program_initial: Any,
+    mutated: tuple[str, ...],
+) -> str | None:
+    """How the program's outputs (or the `mutated` state it leaves) differ from eager's at `sizes`, both run from
+    their initial state: "the traced model's output 0 differs from eager (...)"; None where they agree."""
     import torch
 
-    if not graph.dims:
-        return
-    sizes = {name: d.min for name, d in graph.dims.items()}
     inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed)]
-    label = ", ".join(f"{name}={size}" for name, size in sizes.items())
     with torch.no_grad():
         model_initial.restore()
         want = internals.tensor_leaves(call_model(model, graph, inputs))
@@ -547,35 +602,13 @@ def check_smallest(
         try:
             got = internals.tree_leaves(program.module()(*inputs))
         except Exception as exc:
-            guard = _GUARD_FAILED.search(str(exc))
-            condition = _readable(guard[1], graph) if guard else ""
-            bound = _BOUND.match(condition)
-            name = _dim_at(graph, bound[1], int(bound[2])) if bound else None
-            if name is not None:
-                raise range_error(graph, where, name, condition, _bound_fix(condition, graph)) from None
-            raise SpecError(
-                "",
-                f"{where}.dims",
-                f"the traced model fails at the smallest sizes ({label}): "
-                f"{_first_lines(exc, graph)}; raise the dims' min",
-            ) from None
+            raise _ProgramFailed(exc) from exc
     if len(want) != len(got):
-        raise SpecError(
-            "",
-            f"{where}.dims",
-            f"at the smallest sizes ({label}) the traced model returns {len(got)} tensors, "
-            f"eager {len(want)}; raise the dims' min",
-        )
+        return f"the traced model returns {len(got)} tensors, eager {len(want)}"
     for k, (w, g) in enumerate(zip(want, got, strict=True)):
         how = f"shape {list(g.shape)}, eager's {list(w.shape)}" if w.shape != g.shape else difference(graph, w, g)
         if how:
-            raise SpecError(
-                "",
-                f"{where}.dims",
-                f"at the smallest sizes ({label}) the traced model's output {k} differs from eager ({how}): the model "
-                "behaves differently there than at the example sizes; raise the dims' min (or atol and rtol, where "
-                "the difference is rounding)",
-            )
+            return f"the traced model's output {k} differs from eager ({how})"
     eager_state = model_initial.tensors
     for name in mutated:
         fqn = name.removeprefix(WEIGHT_PREFIX)
@@ -583,9 +616,5 @@ def check_smallest(
         if have is None or expected is None:
             continue
         if have.shape != expected.shape or difference(graph, expected, have):
-            raise SpecError(
-                "",
-                f"{where}.dims",
-                f"at the smallest sizes ({label}) the state '{fqn}' the traced model leaves differs from "
-                "eager's: the model behaves differently there than at the example sizes; raise the dims' min",
-            )
+            return f"the state '{fqn}' the traced model leaves differs from eager's"
+    return None

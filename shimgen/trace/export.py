@@ -142,7 +142,9 @@ def _export_narrowing(
             state_as_buffers(program)
             initial.restore()
             program_initial = Saved(program_state(program))
-            dims.check_smallest(program, model, traced, where, device, initial, program_initial, mutated_state(program))
+            dims.check_against_eager(
+                program, model, traced, where, device, initial, program_initial, mutated_state(program)
+            )
             program_initial.restore()
             initial.restore()
             without_cudnn_paths(program)  # after the check against eager, which takes cuDNN's path as the model does

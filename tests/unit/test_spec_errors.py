@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -877,15 +878,20 @@ def test_a_bound_that_torch_finds_only_once_another_dim_is_hinted_narrows_the_ra
     _equal_at(program, model, ((2, 2), (3, 17), (4, 32)))
 
 
-class Counting(torch.nn.Module):
-    """Scales by how often it was called (a count torch.export does not restore): the trace bakes in its own count, and
-    eager at the smallest sizes differs."""
-
-    calls = [0]
+class DoubledAtOne(torch.nn.Module):
+    """Doubles a batch of one, but not where it is exported: the program computes otherwise at the smallest size alone."""
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        self.calls[0] += 1
-        return tensors[0] * self.calls[0]
+        if torch.compiler.is_exporting():
+            return tensors[0]
+        return tensors[0] * 2 if tensors[0].shape[0] == 1 else tensors[0]
+
+
+class SummedWhereExported(torch.nn.Module):
+    """Computes otherwise whenever it is exported, as transformers 5.17's UMT5 decoder (causal only then)."""
+
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return tensors[0].cumsum(1) if torch.compiler.is_exporting() else tensors[0]
 
 
 def test_a_model_that_computes_otherwise_at_the_smallest_sizes_says_by_how_much(tmp_path: Path) -> None:
@@ -895,10 +901,10 @@ def test_a_model_that_computes_otherwise_at_the_smallest_sizes_says_by_how_much(
     spec = tmp_path / "counting.toml"
     spec.write_text(PROJECT + GOOD_GRAPH)
     graph = load_spec(spec).graph[0]
-    model = Counting()
+    model = DoubledAtOne()
     program = trace_dims.export(model, [torch.ones(4, 32)], graph, "graph[0]")
     with pytest.raises(SpecError) as raised:
-        trace_dims.check_smallest(program, model, graph, "graph[0]", "cpu", Saved({}), Saved({}), ())
+        trace_dims.check_against_eager(program, model, graph, "graph[0]", "cpu", Saved({}), Saved({}), ())
     assert raised.value.where == "graph[0].dims"
     assert raised.value.message.startswith(
         "at the smallest sizes (batch=1) the traced model's output 0 differs from eager (max abs error "
@@ -907,6 +913,28 @@ def test_a_model_that_computes_otherwise_at_the_smallest_sizes_says_by_how_much(
         f"; atol {graph.atol:g}, rtol {graph.rtol:g}): the model behaves differently there than at the example sizes; "
         "raise the dims' min (or atol and rtol, where the difference is rounding)"
     )
+
+
+def test_a_model_that_computes_otherwise_whenever_it_is_traced_is_refused_with_or_without_dims(tmp_path: Path) -> None:
+    """A graph without dims is compared with eager at its sizes too; with dims, a difference at the smallest sizes that
+    the example sizes show as well is not put down to the small sizes."""
+    from shimgen.trace import dims as trace_dims
+    from shimgen.trace.export import Saved
+
+    spec = tmp_path / "exported.toml"
+    spec.write_text(PROJECT + GOOD_GRAPH)
+    dynamic = load_spec(spec).graph[0]
+    fixed = dataclasses.replace(dynamic, dims={}, inputs=[dataclasses.replace(dynamic.inputs[0], shape=[4, 32])])
+    model = SummedWhereExported()
+    for graph, where in ((fixed, "graph[0]"), (dynamic, "graph[0]")):
+        program = trace_dims.export(model, [torch.ones(4, 32)], graph, "graph[0]")
+        with pytest.raises(SpecError) as raised:
+            trace_dims.check_against_eager(program, model, graph, "graph[0]", "cpu", Saved({}), Saved({}), ())
+        assert raised.value.where == where
+        assert raised.value.message.startswith(
+            ("at the example sizes " if graph.dims else "") + "the traced model's output 0 differs from eager ("
+        ), raised.value.message
+        assert "computes otherwise when torch.export traces it than when it runs" in raised.value.message
 
 
 class ExpertsHit(torch.nn.Module):
