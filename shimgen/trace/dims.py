@@ -557,6 +557,14 @@ def check_against_eager(
         ) from None
     if found is None:
         return
+    unsteady = _eager_unsteady(model, graph, sizes, device, model_initial)
+    if unsteady is not None:
+        raise SpecError(
+            "",
+            where,
+            f"the model's output {unsteady} differs between two eager calls on the same inputs and state (a random op "
+            "in its forward?): a build checks its package against the model, which must compute the same at each call",
+        )
     example = example_sizes(graph)
     if graph.dims and _differs(program, model, graph, example, device, model_initial, program_initial, mutated) is None:
         raise SpecError(
@@ -572,6 +580,23 @@ def check_against_eager(
         "traces it than when it runs (code that asks whether it is being traced or exported takes another path), so "
         "a package would differ from eager at every size; raise atol and rtol where the difference is rounding",
     )
+
+
+def _eager_unsteady(model: Any, graph: Graph, sizes: dict[str, int], device: str, model_initial: Any) -> int | None:
+    """The first output that two eager calls from the initial state give differently at `sizes`; None."""
+    import torch
+
+    inputs = [t.to(device) for t in make_inputs(graph, sizes, graph.seed)]
+    calls = []
+    with torch.no_grad():
+        for _ in range(2):
+            model_initial.restore()
+            calls.append(internals.tensor_leaves(call_model(model, graph, inputs)))
+    first, second = calls
+    if len(first) != len(second):
+        return min(len(first), len(second))
+    pairs = enumerate(zip(first, second, strict=True))
+    return next((k for k, (a, b) in pairs if a.shape != b.shape or difference(graph, a, b)), None)
 
 
 class _ProgramFailed(Exception):

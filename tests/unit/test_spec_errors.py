@@ -937,6 +937,26 @@ def test_a_model_that_computes_otherwise_whenever_it_is_traced_is_refused_with_o
         assert "computes otherwise when torch.export traces it than when it runs" in raised.value.message
 
 
+class Noisy(torch.nn.Module):
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+        return tensors[0] + torch.randn_like(tensors[0])
+
+
+def test_a_model_that_computes_otherwise_at_each_call_is_told_so(tmp_path: Path) -> None:
+    from shimgen.trace import dims as trace_dims
+    from shimgen.trace.export import Saved
+
+    spec = tmp_path / "noisy.toml"
+    spec.write_text(PROJECT + GOOD_GRAPH)
+    graph = load_spec(spec).graph[0]
+    program = trace_dims.export(Noisy(), [torch.ones(4, 32)], graph, "graph[0]")
+    with pytest.raises(SpecError) as raised:
+        trace_dims.check_against_eager(program, Noisy(), graph, "graph[0]", "cpu", Saved({}), Saved({}), ())
+    assert raised.value.message.startswith(
+        "the model's output 0 differs between two eager calls on the same inputs and state (a random op in its forward?)"
+    ), raised.value.message
+
+
 class ExpertsHit(torch.nn.Module):
     """A loop over the experts that some token chose, as transformers' DBRX routes: its count depends on the values."""
 
