@@ -565,8 +565,9 @@ def check_against_eager(
             f"the model's output {unsteady} differs between two eager calls on the same inputs and state (a random op "
             "in its forward?): a build checks its package against the model, which must compute the same at each call",
         )
-    example = example_sizes(graph)
-    if graph.dims and _differs(program, model, graph, example, device, model_initial, program_initial, mutated) is None:
+    if graph.dims and _agrees(
+        program, model, graph, example_sizes(graph), device, model_initial, program_initial, mutated
+    ):
         raise SpecError(
             "",
             f"{where}.dims",
@@ -599,7 +600,25 @@ def _eager_unsteady(model: Any, graph: Graph, sizes: dict[str, int], device: str
     return next((k for k, (a, b) in pairs if a.shape != b.shape or difference(graph, a, b)), None)
 
 
+def _agrees(
+    program: Any,
+    model: Any,
+    graph: Graph,
+    sizes: dict[str, int],
+    device: str,
+    model_initial: Any,
+    program_initial: Any,
+    mutated: tuple[str, ...],
+) -> bool:
+    try:
+        return _differs(program, model, graph, sizes, device, model_initial, program_initial, mutated) is None
+    except _ProgramFailed:
+        return False
+
+
 class _ProgramFailed(Exception):
+    """The exported program raised `error` where eager ran."""
+
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
