@@ -898,7 +898,7 @@ def test_a_model_that_computes_otherwise_at_the_smallest_sizes_says_by_how_much(
     from shimgen.trace import dims as trace_dims
     from shimgen.trace.export import Saved
 
-    spec = tmp_path / "counting.toml"
+    spec = tmp_path / "doubled.toml"
     spec.write_text(PROJECT + GOOD_GRAPH)
     graph = load_spec(spec).graph[0]
     model = DoubledAtOne()
@@ -926,11 +926,11 @@ def test_a_model_that_computes_otherwise_whenever_it_is_traced_is_refused_with_o
     dynamic = load_spec(spec).graph[0]
     fixed = dataclasses.replace(dynamic, dims={}, inputs=[dataclasses.replace(dynamic.inputs[0], shape=[4, 32])])
     model = SummedWhereExported()
-    for graph, where in ((fixed, "graph[0]"), (dynamic, "graph[0]")):
+    for graph in (fixed, dynamic):
         program = trace_dims.export(model, [torch.ones(4, 32)], graph, "graph[0]")
         with pytest.raises(SpecError) as raised:
             trace_dims.check_against_eager(program, model, graph, "graph[0]", "cpu", Saved({}), Saved({}), ())
-        assert raised.value.where == where
+        assert raised.value.where == "graph[0]"
         assert raised.value.message.startswith(
             ("at the example sizes " if graph.dims else "") + "the traced model's output 0 differs from eager ("
         ), raised.value.message
