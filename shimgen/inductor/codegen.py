@@ -25,6 +25,7 @@ import re
 import shutil
 import tempfile
 import textwrap
+import warnings
 import zipfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -564,12 +565,20 @@ def _templates_compiled_once() -> Iterator[None]:
 
 @contextmanager
 def _cpu_codegen(vec_isas: Path | None) -> Iterator[None]:
-    with (
-        _parallel_only_with_enough_work(),
-        _tiled_atomic_adds_indexed_once(),
-        _vec_isas_kept(vec_isas) if vec_isas else nullcontext(),
-    ):
-        yield
+    # A CUDA build of torch on a machine without CUDA's runtime logs where it guessed CUDA_HOME when Inductor's C++
+    # builder imports torch.utils.cpp_extension: nothing a CPU target uses.
+    cpp_extension_log = logging.getLogger("torch.utils.cpp_extension")
+    level = cpp_extension_log.level
+    cpp_extension_log.setLevel(logging.ERROR)
+    try:
+        with (
+            _parallel_only_with_enough_work(),
+            _tiled_atomic_adds_indexed_once(),
+            _vec_isas_kept(vec_isas) if vec_isas else nullcontext(),
+        ):
+            yield
+    finally:
+        cpp_extension_log.setLevel(level)
 
 
 @contextmanager
@@ -675,7 +684,8 @@ def _parallel_only_with_enough_work() -> Iterator[None]:
 def _quiet_autotuning() -> Iterator[None]:
     """Autotuning logs a traceback for every candidate kernel that fails to compile or run (too much
     shared memory, say) and then drops it; the build is fine, so users need not see them. Nor the JSON of each
-    selection's timings that torch >= 2.13 writes to stderr: the build summary lists the choices."""
+    selection's timings that torch >= 2.13 writes to stderr: the build summary lists the choices, nor torch 2.13's
+    warning that its own GEMM autotuning uses a deprecated storage API."""
     import torch._inductor.config as inductor_config
 
     loggers = [
@@ -690,7 +700,8 @@ def _quiet_autotuning() -> Iterator[None]:
         else {}
     )
     try:
-        with inductor_config.patch(stats):
+        with inductor_config.patch(stats), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
             yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):

@@ -4,6 +4,7 @@ shimgen/inductor/ touches torch's private API. Run by both torch legs of CI (scr
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import os
@@ -438,3 +439,34 @@ def test_a_slice_torch_cannot_order_against_its_size_is_sized_by_min_and_max(mon
     for seq in (1, 5, 16, 17, 40):
         x = torch.randn(2, seq, 3)
         torch.testing.assert_close(program.module()(x), PaddedChunks()(x))
+
+
+def test_torchs_own_warnings_stay_out_of_a_build_log() -> None:
+    """torch 2.13's GEMM autotuning calls the deprecated `Tensor.storage()` (a UserWarning in a cold build's output),
+    and a CUDA build of torch logs where it guessed CUDA_HOME when Inductor's C++ builder imports cpp_extension: codegen
+    hides both, and only while it runs."""
+    import logging
+    import warnings
+
+    def storage_warnings(context: Any) -> list[str]:
+        torch.storage._reset_warn_typed_storage_removal()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with context:
+                torch.empty(2).storage()
+        return [str(w.message) for w in seen if "TypedStorage" in str(w.message)]
+
+    assert storage_warnings(contextlib.nullcontext()), "torch no longer warns: the filter can go"
+    assert storage_warnings(codegen._quiet_autotuning()) == []
+
+    logger, logged = logging.getLogger("torch.utils.cpp_extension"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    try:
+        with codegen._cpu_codegen(None):
+            logger.warning("No CUDA runtime is found")
+        logger.warning("after codegen")
+    finally:
+        logger.removeHandler(handler)
+    assert logged == ["after codegen"]
