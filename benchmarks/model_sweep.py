@@ -783,6 +783,24 @@ CASES += [
     timm("tnt_s_patch16_224", 64, img_size="64"),
     timm("seresnext26d_32x4d", 96),
     timm("efficientvit_l1", 96),
+    # timm's families no sweep had built (2026-12-07)
+    timm("convmixer_768_32", 64),
+    timm("cpubone_t0", 96),
+    timm("csatv2", 96),
+    timm("hardcorenas_a", 96),
+    timm("sam2_hiera_tiny", 96),
+    timm("inception_resnet_v2", 96),
+    timm("lcnetv2_small", 96),
+    timm("lowformer_b0", 96),
+    timm("repghostnet_050", 96),
+    timm("legacy_seresnet18", 96),
+    timm("swiftformer_xs", 96),
+    timm("swinv2_tiny_window8_256", 64, img_size="64"),
+    timm("vgg11", 64),
+    timm("vit_relpos_small_patch16_224", 64, img_size="64"),
+    timm("vitamin_small_224", 64, img_size="64"),
+    timm("legacy_xception", 96),
+    timm("inception_v4", 96),
 ]
 # a few of each kind again in bfloat16 ("+bf16"), as LLMs and many vision models ship: weights and float inputs
 LOW_PRECISION = (

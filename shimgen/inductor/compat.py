@@ -250,6 +250,15 @@ REQUIREMENTS: tuple[Requirement, ...] = (
         CODEGEN,
         _source_holds(f"{_INDUCTOR}.constant_folding", "ConstantFolder.__init__", "self.unknown_value"),
     ),
+    # codegen._scalar_folds_kept_apart
+    Requirement(
+        "Inductor's freezing binary_folding_pass.apply",
+        CODEGEN,
+        _attribute(f"{_INDUCTOR}.fx_passes.freezing_patterns", "binary_folding_pass.apply", ("gm",), exact=True),
+    ),
+    Requirement(
+        "torch.fx's Graph.create_node", CODEGEN, _attribute("torch.fx", "Graph.create_node", ("self", "op", "target"))
+    ),
     Requirement(
         "Inductor's Triton kernel names (codegen.triton.get_fused_kernel_name)",
         CODEGEN,

@@ -1,8 +1,9 @@
 """Verify stage: a built package, before it replaces the previous one, is imported in a fresh interpreter and each graph
-runs once at its smallest, example and largest sizes, and at each specialized variant's, against the program it was
-compiled from. A build whose package fails a call or computes something else fails, naming the graph, the sizes and the
-first differing output; the previous good package stays. Code that passed every size in an earlier build (its weights
-refitted since, or nothing changed) runs at one size (`settled_cases`).
+runs once at its example, smallest and largest sizes, and at each specialized variant's, against the program it was
+compiled from (the example first: code wrong at every size is named there, not at a size of its own). A build whose
+package fails a call or computes something else fails, naming the graph, the sizes and the first differing output; the
+previous good package stays. Code that passed every size in an earlier build (its weights refitted since, or nothing
+changed) runs at one size (`settled_cases`).
 
 The program each call is compared with is the traced one that serves those sizes (the variant's where one does), run by
 torch as it was exported: what the compiled code must compute, independent of the eager model and its modules. Both
@@ -85,12 +86,12 @@ class Report:
 
 
 def cases(graph: Graph, fixed: list[dict[str, int]]) -> list[tuple[str, dict[str, int]]]:
-    """(label, sizes): every dim at its min, the example, every dim at its max, then each variant's sizes (`fixed`) with
+    """(label, sizes): the example, every dim at its min, every dim at its max, then each variant's sizes (`fixed`) with
     the other dims at their example; each set of sizes once."""
     base = example_sizes(graph)
     wanted = [
-        ("smallest", {name: d.min for name, d in graph.dims.items()}),
         ("example", base),
+        ("smallest", {name: d.min for name, d in graph.dims.items()}),
         ("largest", {name: d.max for name, d in graph.dims.items()}),
     ]
     wanted += [("variant", {**base, **sizes}) for sizes in fixed]

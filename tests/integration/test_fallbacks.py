@@ -138,7 +138,7 @@ def test_a_graph_that_computes_otherwise_with_onednn_is_generated_again_without(
     assert len(onednn_miscompiling) == 1 and "mkldnn" in onednn_miscompiling[0], "generated once with oneDNN"
     why = built.onednn_off["heads_cpu"]
     assert why.startswith(
-        "with oneDNN's fusions its package computed otherwise (graph[0] (heads, cpu) at smallest (batch=1): output 0 "
+        "with oneDNN's fusions its package computed otherwise (graph[0] (heads, cpu) at example (batch=4): output 0 "
         "differs from the traced program (max abs error"
     ), why
     model = out / "build" / "scalar_heads" / "project" / "src" / "heads_cpu" / "model.cpp"

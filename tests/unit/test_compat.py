@@ -470,3 +470,27 @@ def test_torchs_own_warnings_stay_out_of_a_build_log() -> None:
     finally:
         logger.removeHandler(handler)
     assert logged == ["after codegen"]
+
+
+def test_scalars_that_freezing_folds_into_convolutions_keep_their_own_values() -> None:
+    """Freezing folds each `conv(x) * scale` into the convolution's weights through one buffer name, so with two scales
+    both convolutions took the last one (timm's Inception-ResNet-v2 built 20% off eager); codegen keeps them apart."""
+    from torch import nn
+    from torch._dynamo.utils import counters
+
+    class Scaled(nn.Module):
+        def __init__(self, scale: float) -> None:
+            super().__init__()
+            self.conv, self.scale = nn.Conv2d(4, 4, 1), scale
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.conv(x) * self.scale
+
+    torch.manual_seed(0)
+    model, x = nn.Sequential(Scaled(0.5), Scaled(3.0)).eval(), torch.randn(1, 4, 2, 2)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad(), torch._inductor.config.patch(freezing=True), codegen._scalar_folds_kept_apart():
+        folded = torch.compile(model)(x)
+    assert counters["inductor"]["binary_folding_conv"] == 2
+    torch.testing.assert_close(folded, model(x))

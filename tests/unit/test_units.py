@@ -1673,29 +1673,41 @@ def test_package_check_takes_the_references_computed_ahead_state_included(tmp_pa
         assert (report.failure, len(report.cases), report.beforehand) == ("", 3, beforehand)
         report = verify.Report()
         verify.run(checked, _CountingPackage(1.5), report, lambda r: None)
-        assert report.failure.startswith("graph[0] (forward, cpu) at smallest (batch=1): output 0 differs"), report
+        assert report.failure.startswith("graph[0] (forward, cpu) at example (batch=2): output 0 differs"), report
         report = verify.Report()
         verify.run(checked, _CountingPackage(1.0, reported=2.0), report, lambda r: None)
-        assert "at smallest (batch=1): the state 'count' differs from the traced program's" in report.failure
+        assert "at example (batch=2): the state 'count' differs from the traced program's" in report.failure
+
+
+class _WrongAtOne(_CountingPackage):
+    """`_CountingPackage` that computes otherwise at batch 1 alone."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * (1.5 if x.shape[0] == 1 else 1.0)
 
 
 def test_a_difference_of_the_dynamic_code_at_size_one_suggests_a_variant(tmp_path: Path) -> None:
-    """Inductor compiles a dynamic dim for sizes of 2 and up: where the dynamic code is wrong at size 1, the message
-    names the dims at 1 and `specialize = [1]`; where a variant of size 1 ran, it does not."""
+    """Inductor compiles a dynamic dim for sizes of 2 and up: where the dynamic code is wrong at size 1 alone, the
+    message names the dims at 1 and `specialize = [1]`; where it is wrong at the example too, or a variant of size 1
+    ran, it does not."""
     from shimgen.package import verify
 
     plan = _counting_plan(tmp_path)
     report = verify.Report()
-    verify.run(plan, _CountingPackage(1.5), report, lambda r: None)
+    verify.run(plan, _WrongAtOne(1.0), report, lambda r: None)
+    assert "at smallest (batch=1): output 0 differs" in report.failure
     assert report.failure.endswith(
         "of 'batch': Inductor compiles a dynamic dim for sizes of 2 and up; "
         "`specialize = [1]` in the dim's table builds size 1 as a variant of its own)"
     )
+    report = verify.Report()
+    verify.run(plan, _CountingPackage(1.5), report, lambda r: None)
+    assert "at example (batch=2): output 0 differs" in report.failure and "specialize" not in report.failure
     shutil.copy(tmp_path / "forward.pt2", tmp_path / "forward_batch1.pt2")
     dynamic = plan.graphs[0].programs[0]
     variant = replace(plan.graphs[0], programs=(dynamic, ((("batch", 1),), tmp_path / "forward_batch1.pt2")))
     report = verify.Report()
-    verify.run(replace(plan, graphs=(variant,)), _CountingPackage(1.5), report, lambda r: None)
+    verify.run(replace(plan, graphs=(variant,)), _WrongAtOne(1.0), report, lambda r: None)
     assert "at smallest (batch=1): output 0 differs" in report.failure and "specialize" not in report.failure
 
 
@@ -1705,7 +1717,7 @@ def test_package_check_computes_what_the_references_left_from_the_state_they_rea
     from shimgen.package import verify
 
     plan = _counting_plan(tmp_path)
-    monkeypatch.setattr(verify, "REFERENCE_BYTES_LIMIT", 20)  # the first case's output (1 x 4 floats) and count
+    monkeypatch.setattr(verify, "REFERENCE_BYTES_LIMIT", 36)  # the first case's output (2 x 4 floats) and count
     assert verify.references([str(tmp_path / "plan.pickle"), str(tmp_path / "references.pt")]) == 0
     report = verify.Report()
     verify.run(replace(plan, references=tmp_path / "references.pt"), _CountingPackage(1.0), report, lambda r: None)
@@ -1763,7 +1775,7 @@ def test_package_check_runs_code_that_passed_every_size_before_at_one_size(tmp_p
     # A variant's program serves its own sizes: the dynamic program's settled cases leave it be, and the other way round.
     variant = replace(models, programs=(*models.programs, ((("batch", 1),), tmp_path / "forward__batch1.pt2")))
     listed = verify.cases(models.graph, [{"batch": 1}])
-    assert [label for label, _ in listed] == ["smallest (batch=1)", "example (batch=2)", "largest (batch=8)"]
+    assert [label for label, _ in listed] == ["example (batch=2)", "smallest (batch=1)", "largest (batch=8)"]
     assert verify.settled_cases(replace(variant, settled=(True, False)), listed) == {2}
     assert verify.settled_cases(replace(variant, settled=(False, True)), listed) == set()
     assert verify.settled_cases(replace(variant, settled=(False, False)), listed) == set()
