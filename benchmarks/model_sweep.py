@@ -41,6 +41,7 @@ TOKENS_16 = TEXT.replace('"seq"', "16")  # a fixed sequence: models that scan it
 BATCH_SEQ = "{ batch = { min = 1, max = 4 }, seq = { min = 2, max = 32 } }"
 SMALL_TEXT = "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 37, vocab_size = 99"
 SMALL_DECODER = SMALL_TEXT + ", num_key_value_heads = 2, max_position_embeddings = 64"
+SMALL_MOE = SMALL_DECODER.replace("37", "48")
 SMALL_VISION = (
     "hidden_size = 32, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 37, image_size = 32,"
     " patch_size = 8"
@@ -872,6 +873,48 @@ CASES += [
     hf("ibert", SMALL_TEXT),
     hf("layoutlm", SMALL_TEXT),
     hf("mra", SMALL_TEXT),
+    # transformers' architectures no sweep had built (2026-12-07)
+    hf("cohere", SMALL_DECODER, "CausalLM"),
+    hf("helium", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
+    hf(
+        "glm4_moe",
+        SMALL_MOE + ", head_dim = 8, n_routed_experts = 4, num_experts_per_tok = 2, moe_intermediate_size = 48,"
+        " first_k_dense_replace = 1, n_group = 1, topk_group = 1, pad_token_id = 0",
+        "CausalLM",
+    ),
+    hf(
+        "ernie4_5_moe",
+        SMALL_MOE + ", head_dim = 8, moe_num_experts = 4, moe_k = 2, moe_intermediate_size = 48",
+        "CausalLM",
+    ),
+    hf("arcee", SMALL_DECODER, "CausalLM"),
+    hf("seed_oss", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
+    hf("hunyuan_v1_moe", SMALL_MOE + ", head_dim = 8, num_experts = 4, moe_topk = 2", "CausalLM"),
+    hf("bitnet", SMALL_DECODER, "CausalLM"),
+    hf("minimax", SMALL_MOE + ", head_dim = 8, num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
+    hf("olmo3", SMALL_DECODER, "CausalLM"),
+    hf("vaultgemma", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
+    hf(
+        "granitemoeshared",
+        SMALL_MOE + ", num_local_experts = 4, num_experts_per_tok = 2, shared_intermediate_size = 48",
+        "CausalLM",
+    ),
+    hf(
+        "exaone_moe",
+        SMALL_MOE + ", head_dim = 8, num_experts = 4, num_experts_per_tok = 2, moe_intermediate_size = 48",
+        "CausalLM",
+    ),
+    hf("jais2", SMALL_DECODER, "CausalLM"),
+    hf("flex_olmo", SMALL_MOE + ", num_experts = 4, num_experts_per_tok = 2, pad_token_id = 0", "CausalLM"),
+    hf("nemotron_h", SMALL_DECODER, "CausalLM"),
+    hf("yoso", SMALL_TEXT),
+    hf("rembert", SMALL_TEXT + ", input_embedding_size = 16, output_embedding_size = 16"),
+    hf(
+        "roc_bert",
+        SMALL_TEXT + ", pronunciation_vocab_size = 20, shape_vocab_size = 20, pronunciation_embed_dim = 8,"
+        " shape_embed_dim = 8",
+    ),
+    hf("megatron-bert", SMALL_TEXT),
 ]
 HW = ("timm:resnet18d", "timm:convnext_atto", "transformers:segformer", "transformers:detr/ObjectDetection")
 CASES += [
@@ -949,6 +992,7 @@ def sweep_one(case: Case, device: str, work: Path, gpu: int | None, threads: int
     summary = json.loads(built.stdout)
     scalar, onednn_off = summary.get("scalar_kernels", {}), summary.get("onednn_off", {})
     templates_off = summary.get("gemm_templates_off", {})
+    freezing_off = summary.get("freezing_off", {})
     checked = subprocess.run(
         [*command, "check", str(spec), "--out", str(directory / "out")],
         capture_output=True,
@@ -962,6 +1006,7 @@ def sweep_one(case: Case, device: str, work: Path, gpu: int | None, threads: int
     notes = [f"{unit}: scalar kernels ({why[:200]})" for unit, why in scalar.items()]
     notes += [f"{unit}: without oneDNN ({why[:200]})" for unit, why in onednn_off.items()]
     notes += [f"{unit}: without GEMM templates ({why[:200]})" for unit, why in templates_off.items()]
+    notes += [f"{unit}: without freezing ({why[:200]})" for unit, why in freezing_off.items()]
     return "passed", "; ".join(notes), seconds
 
 

@@ -89,6 +89,7 @@ class BuildOutput:
     scalar_kernels: dict[str, str] = field(default_factory=dict)  # by unit: why its CPU kernels are not vectorized
     onednn_off: dict[str, str] = field(default_factory=dict)  # by unit: why it was generated without oneDNN
     gemm_templates_off: dict[str, str] = field(default_factory=dict)  # by unit: why its GEMMs were not timed
+    freezing_off: dict[str, str] = field(default_factory=dict)  # by unit: why it was generated without freezing
     identifiers: list[str] = field(default_factory=list)  # the matrix's build identifiers this package covers
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
@@ -126,6 +127,7 @@ class BuildOutput:
             "scalar_kernels": self.scalar_kernels,
             "onednn_off": self.onednn_off,
             "gemm_templates_off": self.gemm_templates_off,
+            "freezing_off": self.freezing_off,
             "identifiers": self.identifiers,
             "shared_cache": self.shared_cache,
             "timeline": [
@@ -459,7 +461,7 @@ def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: Refe
                 )
                 break
             except MismatchError as exc:
-                units = _generated_without_onednn(job, units, exc)
+                units = _generated_again(job, units, exc)
         if shared:
             shared.put(
                 "wheel",
@@ -503,6 +505,9 @@ def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: Refe
         onednn_off={name: code.onednn_off for u in units for name, code in u.generated if code.onednn_off},
         gemm_templates_off={
             name: code.gemm_templates_off for u in units for name, code in u.generated if code.gemm_templates_off
+        },
+        freezing_off={
+            name: why for u in units for name, _ in u.generated if (why := _fallbacks(job, name).freezing_off)
         },
         identifiers=[
             matrix.BuildId(
@@ -805,6 +810,8 @@ def _unit_flags(flags: Flags, fallbacks: lockfile.Fallbacks) -> Flags:
         flags = dataclasses.replace(flags, onednn=False)
     if fallbacks.gemm_templates_off:
         flags = dataclasses.replace(flags, gemm_autotune=False)
+    if fallbacks.freezing_off:
+        flags = dataclasses.replace(flags, freezing=False)
     return flags
 
 
@@ -1195,6 +1202,7 @@ def _update_lockfile(job: Job, units: list[Unit]) -> None:
                 scalar_kernels=code.scalar_kernels,
                 onednn_off=_fallbacks(job, name).onednn_off,
                 gemm_templates_off=code.gemm_templates_off,
+                freezing_off=_fallbacks(job, name).freezing_off,
             ),
         )
         for u in units
@@ -1288,11 +1296,12 @@ ONEDNN_MISMATCH = (
 )
 
 
-def _generated_without_onednn(job: Job, units: list[Unit], mismatch: MismatchError) -> list[Unit]:
-    """The units generated again, the differing unit now without oneDNN, where oneDNN's fusions may be why it
-    differed: its code was just generated with them (code that passed the check before is the same code, so the
-    difference lies elsewhere). Otherwise `mismatch` is raised, noting where the unit already ran without oneDNN, or
-    naming the flag where the fallback cannot run (custom ops: their codegen runs in this process, where Inductor's
+def _generated_again(job: Job, units: list[Unit], mismatch: MismatchError) -> list[Unit]:
+    """The units generated again, the differing unit now without what may have made it differ, where its code was just
+    generated (code that passed the check before is the same code, so the difference lies elsewhere): first without
+    oneDNN's fusions, where it used them, then without freezing (Inductor's freezing passes have computed otherwise:
+    `_scalar_folds_kept_apart`). Otherwise `mismatch` is raised, noting what the unit already ran without, or naming
+    the flag where the oneDNN fallback cannot run (custom ops: their codegen runs in this process, where Inductor's
     oneDNN passes stay registered). The lockfile keeps the fallback (`_update_lockfile`)."""
     found = next(
         (
@@ -1306,15 +1315,26 @@ def _generated_without_onednn(job: Job, units: list[Unit], mismatch: MismatchErr
     if found is None:
         raise mismatch
     name, target, code = found
-    if code.checked or not (job.spec.flags.freezing and codegen.uses_onednn(target, job.spec.flags)):
+    fallbacks = _fallbacks(job, name)
+    if code.checked or not job.spec.flags.freezing:
         raise mismatch
-    if code.onednn_off:
-        raise MismatchError(f"{mismatch} (generated without oneDNN)", mismatch.failure, mismatch.program) from None
-    if job.ops is not None:
-        raise MismatchError(f"{mismatch}. {ONEDNN_MISMATCH}", mismatch.failure, mismatch.program) from None
-    why = f"with oneDNN's fusions its package computed otherwise ({mismatch.failure})"
-    job.fallbacks[name] = dataclasses.replace(_fallbacks(job, name), onednn_off=why)
-    job.timeline.report("package", f"{name}: {why}; generating it again without oneDNN")
+    if codegen.uses_onednn(target, job.spec.flags) and not (code.onednn_off or fallbacks.freezing_off):
+        if job.ops is not None:
+            raise MismatchError(f"{mismatch}. {ONEDNN_MISMATCH}", mismatch.failure, mismatch.program) from None
+        why = f"with oneDNN's fusions its package computed otherwise ({mismatch.failure})"
+        job.fallbacks[name] = dataclasses.replace(fallbacks, onednn_off=why)
+        job.timeline.report("package", f"{name}: {why}; generating it again without oneDNN")
+        return _generate_all(job)
+    if fallbacks.freezing_off:
+        without = " and without freezing" if code.onednn_off else " without freezing"
+        raise MismatchError(
+            f"{mismatch} (generated{' without oneDNN' if code.onednn_off else ''}{without})",
+            mismatch.failure,
+            mismatch.program,
+        ) from None
+    why = f"with freezing its package computed otherwise ({mismatch.failure})"
+    job.fallbacks[name] = dataclasses.replace(fallbacks, freezing_off=why)
+    job.timeline.report("package", f"{name}: {why}; generating it again without freezing")
     return _generate_all(job)
 
 

@@ -376,6 +376,8 @@ def _print_fallbacks(result: BuildOutput) -> None:
         print(f"  {unit}: generated without oneDNN: {why}", file=sys.stderr)
     for unit, why in result.gemm_templates_off.items():
         print(f"  {unit}: GEMMs not timed against Inductor's templates: {why}", file=sys.stderr)
+    for unit, why in result.freezing_off.items():
+        print(f"  {unit}: generated without freezing: {why}", file=sys.stderr)
     for unit, why in result.scalar_kernels.items():
         print(
             f"  {unit}: CPU kernels not vectorized: the compiler refused the vectorized ones ({why})", file=sys.stderr

@@ -54,6 +54,7 @@ class Fallbacks:
     scalar_kernels: str = ""  # its CPU kernels without vectorization: the compiler refused the vectorized ones
     onednn_off: str = ""  # without oneDNN: its package computed otherwise with oneDNN's fusions
     gemm_templates_off: str = ""  # without GEMM templates as candidates: Inductor failed on the graph with them
+    freezing_off: str = ""  # without freezing: its package computed otherwise with the weights folded into the code
 
     def fields(self) -> dict[str, str]:
         return {name: why for name, why in vars(self).items() if why}

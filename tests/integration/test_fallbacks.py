@@ -9,7 +9,7 @@ code ends in an #error.
 oneDNN's fusions that compute otherwise: torch 2.13 does so for torchvision's RAFT (results/model_sweep.md), a build
 of minutes, so the wrong result is injected: codegen with oneDNN, in this process, is wrapped to scale its weights.
 The codegen without oneDNN runs in a new interpreter, unwrapped. Meson, g++, the check, the retry and the package are
-real.
+real. Freezing that computes otherwise is injected the same way.
 
 Inductor failing on a graph with its GEMM templates as candidates: torch 2.13 does so for transformers' LeViT, whose
 cold codegen takes a minute, so the failure is injected: Inductor's compile raises when asked for the C++ template."""
@@ -149,6 +149,48 @@ def test_a_graph_that_computes_otherwise_with_onednn_is_generated_again_without(
     # A fresh output directory reads the lockfile: no codegen with oneDNN.
     fresh = build(spec, tmp_path / "fresh")
     assert len(onednn_miscompiling) == 1 and fresh.onednn_off == built.onednn_off
+
+
+def test_a_graph_that_computes_otherwise_with_freezing_is_generated_again_without(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without oneDNN in the running (flags.onednn off), a frozen graph that computes otherwise (its weights file
+    scaled, as in the oneDNN case) is generated again at once without freezing, in this process."""
+    frozen: list[bool] = []
+
+    def miscompile(result: CodegenResult, kwargs: dict[str, Any], flags: Any) -> None:
+        frozen.append(flags.freezing)
+        if flags.freezing:
+            assert result.weights_file is not None
+            data = result.weights_file.read_bytes()
+            (length,) = struct.unpack("<Q", data[:8])
+            scaled = torch.frombuffer(bytearray(data[8 + length :]), dtype=torch.float32) * 1.5
+            result.weights_file.write_bytes(data[: 8 + length] + scaled.numpy().tobytes())
+
+    real = codegen.generate
+
+    def generate(*args: Any, **kwargs: Any) -> CodegenResult:
+        result = real(*args, **kwargs)
+        miscompile(result, kwargs, args[2])
+        return result
+
+    monkeypatch.setattr(codegen, "generate", generate)
+    spec = spec_of_its_own(
+        workdir, tmp_path / "spec" / "frozen_heads.toml", with_flags(SPEC, **FAST_FLAGS, onednn="false")
+    )
+    built = build(spec, tmp_path / "out")
+    assert frozen == [True, False], "generated once with freezing, then without"
+    why = built.freezing_off["heads_cpu"]
+    assert why.startswith(
+        "with freezing its package computed otherwise (graph[0] (heads, cpu) at example (batch=4): output 0 differs "
+        "from the traced program (max abs error"
+    ), why
+    assert _locked(spec, "freezing_off") == [why] and not built.onednn_off
+    _equals_eager(built, spec)
+
+    # A fresh output directory reads the lockfile: no codegen with freezing.
+    fresh = build(spec, tmp_path / "fresh")
+    assert frozen[2:] == [False] and fresh.freezing_off == built.freezing_off
 
 
 def test_a_graph_inductor_fails_on_with_gemm_templates_is_generated_again_without(
