@@ -802,6 +802,10 @@ CASES += [
     timm("vitamin_small_224", 64, img_size="64"),
     timm("legacy_xception", 96),
     timm("inception_v4", 96),
+    timm("nasnetalarge", 96),
+    timm("pnasnet5large", 96),
+    timm("naflexvit_base_patch16_gap", 64, embed_dim="32", depth="2", num_heads="2"),
+    timm("gemma4_vit_167m", 64, embed_dim="32", depth="2", num_heads="2"),
 ]
 # a few of each kind again in bfloat16 ("+bf16"), as LLMs and many vision models ship: weights and float inputs
 LOW_PRECISION = (

@@ -1326,12 +1326,8 @@ def _generated_again(job: Job, units: list[Unit], mismatch: MismatchError) -> li
         job.timeline.report("package", f"{name}: {why}; generating it again without oneDNN")
         return _generate_all(job)
     if fallbacks.freezing_off:
-        without = " and without freezing" if code.onednn_off else " without freezing"
-        raise MismatchError(
-            f"{mismatch} (generated{' without oneDNN' if code.onednn_off else ''}{without})",
-            mismatch.failure,
-            mismatch.program,
-        ) from None
+        without = "without oneDNN and without freezing" if code.onednn_off else "without freezing"
+        raise MismatchError(f"{mismatch} (generated {without})", mismatch.failure, mismatch.program) from None
     why = f"with freezing its package computed otherwise ({mismatch.failure})"
     job.fallbacks[name] = dataclasses.replace(fallbacks, freezing_off=why)
     job.timeline.report("package", f"{name}: {why}; generating it again without freezing")
