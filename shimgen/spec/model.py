@@ -209,7 +209,8 @@ class Flags:
     freezing: bool = doc(
         "Fold weights into the graph as constants (Inductor freezing): faster inference. The folded constants (batch "
         "norms merged into convolutions, weights packed for their kernels) are computed at build time; the package's "
-        "load_weights() computes them again from new weights by the operations the build recorded.",
+        "load_weights() computes them again from new weights by the operations the build recorded. A graph whose "
+        "package computes otherwise with freezing is generated again without it (the build summary says so).",
         default=True,
     )
     weights: Literal["embedded", "file", "external"] = doc(
