@@ -474,9 +474,12 @@ def test_torchs_own_warnings_stay_out_of_a_build_log() -> None:
 
 def test_scalars_that_freezing_folds_into_convolutions_keep_their_own_values() -> None:
     """Freezing folds each `conv(x) * scale` into the convolution's weights through one buffer name, so with two scales
-    both convolutions took the last one (timm's Inception-ResNet-v2 built 20% off eager); codegen keeps them apart."""
+    both convolutions took the last one (timm's Inception-ResNet-v2 built 20% off eager); codegen keeps them apart.
+    Freezing's passes run on the model's graph and the folded graph runs in Python: nothing is compiled."""
     from torch import nn
     from torch._dynamo.utils import counters
+    from torch._inductor.fx_passes.freezing_patterns import freezing_passes
+    from torch.fx.experimental.proxy_tensor import make_fx
 
     class Scaled(nn.Module):
         def __init__(self, scale: float) -> None:
@@ -488,9 +491,11 @@ def test_scalars_that_freezing_folds_into_convolutions_keep_their_own_values() -
 
     torch.manual_seed(0)
     model, x = nn.Sequential(Scaled(0.5), Scaled(3.0)).eval(), torch.randn(1, 4, 2, 2)
-    torch._dynamo.reset()
     counters.clear()
-    with torch.no_grad(), torch._inductor.config.patch(freezing=True), codegen._scalar_folds_kept_apart():
-        folded = torch.compile(model)(x)
-    assert counters["inductor"]["binary_folding_conv"] == 2
-    torch.testing.assert_close(folded, model(x))
+    with torch.no_grad():
+        graph = make_fx(model)(x)
+        with codegen._scalar_folds_kept_apart():
+            freezing_passes(graph, [x])
+        graph.recompile()
+        assert counters["inductor"]["binary_folding_conv"] == 2
+        torch.testing.assert_close(graph(x), model(x))
