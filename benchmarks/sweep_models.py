@@ -37,6 +37,19 @@ def hf_model(model_type: str, head: str = "", dtype: str = "float32", **config: 
 
 
 def _in(dtype: str, model: nn.Module) -> nn.Module:
+    """The model in `dtype`, its batch norms given statistics and affine parameters of their own: a fresh model's are
+    all alike (mean 0, variance 1, weight 1, bias 0), which hides a fold that mixes them up (freezing folds them into
+    the convolutions)."""
     import torch
 
+    numbers = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(getattr(module, "running_var", None), torch.Tensor):
+                count = module.running_var.numel()
+                module.running_mean.copy_(torch.randn(count, generator=numbers) * 0.1)
+                module.running_var.copy_(torch.rand(count, generator=numbers) + 0.5)
+                if getattr(module, "affine", False):
+                    module.weight.copy_(torch.rand(count, generator=numbers) + 0.5)
+                    module.bias.copy_(torch.randn(count, generator=numbers) * 0.1)
     return model.to(getattr(torch, dtype))
