@@ -6,7 +6,7 @@ small configs, each its own project with shimgen's default flags, then `shimgen 
 Each model is built by `shimgen build` (its own process and output directory, builds running `--jobs` at once) and
 checked by `shimgen check` (eager against the package at every dim's min, example and max). A failure is reported with
 the first lines of shimgen's message; nothing is retried. A pass notes what the build fell back on (scalar kernels,
-a graph generated without oneDNN).
+a graph generated without oneDNN or without freezing). Batch norms get statistics of their own (`sweep_models._in`).
 With --device cuda, the builds take the GPUs in turn.
 """
 
