@@ -118,15 +118,20 @@ def onednn_miscompiling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     def miscompile(result: CodegenResult, kwargs: dict[str, Any]) -> None:
         assert not kwargs.get("onednn_off"), "a codegen without oneDNN runs in a new interpreter"
-        assert result.weights_file is not None
         models.append(result.model.read_text())
-        data = result.weights_file.read_bytes()
-        (length,) = struct.unpack("<Q", data[:8])
-        scaled = torch.frombuffer(bytearray(data[8 + length :]), dtype=torch.float32) * 1.5
-        result.weights_file.write_bytes(data[: 8 + length] + scaled.numpy().tobytes())
+        _scale_weights(result)
 
     _after_codegen(monkeypatch, miscompile)
     return models
+
+
+def _scale_weights(result: CodegenResult) -> None:
+    """The generated code made to compute otherwise: its weights file's values times 1.5."""
+    assert result.weights_file is not None
+    data = result.weights_file.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    scaled = torch.frombuffer(bytearray(data[8 + length :]), dtype=torch.float32) * 1.5
+    result.weights_file.write_bytes(data[: 8 + length] + scaled.numpy().tobytes())
 
 
 def test_a_graph_that_computes_otherwise_with_onednn_is_generated_again_without(
@@ -157,21 +162,14 @@ def test_a_graph_that_computes_otherwise_with_freezing_is_generated_again_withou
     """Without oneDNN in the running (flags.onednn off), a frozen graph that computes otherwise (its weights file
     scaled, as in the oneDNN case) is generated again at once without freezing, in this process."""
     frozen: list[bool] = []
-
-    def miscompile(result: CodegenResult, kwargs: dict[str, Any], flags: Any) -> None:
-        frozen.append(flags.freezing)
-        if flags.freezing:
-            assert result.weights_file is not None
-            data = result.weights_file.read_bytes()
-            (length,) = struct.unpack("<Q", data[:8])
-            scaled = torch.frombuffer(bytearray(data[8 + length :]), dtype=torch.float32) * 1.5
-            result.weights_file.write_bytes(data[: 8 + length] + scaled.numpy().tobytes())
-
     real = codegen.generate
 
     def generate(*args: Any, **kwargs: Any) -> CodegenResult:
         result = real(*args, **kwargs)
-        miscompile(result, kwargs, args[2])
+        flags = args[2]
+        frozen.append(flags.freezing)
+        if flags.freezing:
+            _scale_weights(result)
         return result
 
     monkeypatch.setattr(codegen, "generate", generate)
