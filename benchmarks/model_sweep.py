@@ -247,7 +247,7 @@ CASES = [
     hf("phi3", SMALL_DECODER + ", pad_token_id = 0", "CausalLM"),
     hf("gemma", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
     # grouped GEMMs need rows of a multiple of 16 bytes: intermediate_size 48
-    hf("mixtral", SMALL_DECODER.replace("37", "48") + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
+    hf("mixtral", SMALL_MOE + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
     hf("bloom", "hidden_size = 32, n_layer = 2, n_head = 4, vocab_size = 99", "CausalLM"),
     hf("llama", SMALL_DECODER, "CausalLM"),
     hf("phi", SMALL_DECODER, "CausalLM"),
@@ -284,8 +284,7 @@ CASES = [
     ),
     hf(
         "gpt_oss",
-        SMALL_DECODER.replace("37", "48")
-        + ", head_dim = 8, num_local_experts = 4, num_experts_per_tok = 2, sliding_window = 16",
+        SMALL_MOE + ", head_dim = 8, num_local_experts = 4, num_experts_per_tok = 2, sliding_window = 16",
         "CausalLM",
     ),
     hf(
@@ -299,11 +298,9 @@ CASES = [
     # short convolutions, state-space layers beside attention, a real-gated linear recurrence. The scans (Qwen3-Next,
     # Jamba, Falcon-H1, Mamba-2, RecurrentGemma) take a fixed sequence: with a dynamic one shimgen says why not
     hf("cohere2", SMALL_DECODER + ", sliding_window = 16", "CausalLM"),
-    hf("olmoe", SMALL_DECODER.replace("37", "48") + ", num_experts = 4, num_experts_per_tok = 2", "CausalLM"),
-    hf(
-        "granitemoe", SMALL_DECODER.replace("37", "48") + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"
-    ),
-    hf("phimoe", SMALL_DECODER.replace("37", "48") + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
+    hf("olmoe", SMALL_MOE + ", num_experts = 4, num_experts_per_tok = 2", "CausalLM"),
+    hf("granitemoe", SMALL_MOE + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
+    hf("phimoe", SMALL_MOE + ", num_local_experts = 4, num_experts_per_tok = 2", "CausalLM"),
     hf("exaone4", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
     hf("ernie4_5", SMALL_DECODER + ", head_dim = 8", "CausalLM"),
     hf("glm4", SMALL_DECODER + ", head_dim = 8, pad_token_id = 0", "CausalLM"),
@@ -316,8 +313,7 @@ CASES = [
     hf("deepseek_v2", SMALL_LATENT, "CausalLM"),
     hf(
         "llama4_text",
-        SMALL_DECODER.replace("37", "48")
-        + ", head_dim = 8, num_local_experts = 4, num_experts_per_tok = 1, intermediate_size_mlp = 48",
+        SMALL_MOE + ", head_dim = 8, num_local_experts = 4, num_experts_per_tok = 1, intermediate_size_mlp = 48",
         "CausalLM",
     ),
     hf(
@@ -332,7 +328,7 @@ CASES = [
     hf("lfm2", SMALL_DECODER, "CausalLM"),
     hf(
         "jamba",
-        SMALL_DECODER.replace("37", "48") + ", num_experts = 4, num_experts_per_tok = 2, mamba_d_state = 8,"
+        SMALL_MOE + ", num_experts = 4, num_experts_per_tok = 2, mamba_d_state = 8,"
         " attn_layer_period = 2, attn_layer_offset = 1, expert_layer_period = 2, expert_layer_offset = 1",
         "CausalLM",
         inputs=TOKENS_16,
@@ -364,7 +360,7 @@ CASES = [
     ),
     hf(
         "granitemoehybrid",
-        SMALL_DECODER.replace("37", "48") + ", shared_intermediate_size = 48, num_local_experts = 4,"
+        SMALL_MOE + ", shared_intermediate_size = 48, num_local_experts = 4,"
         " num_experts_per_tok = 2, mamba_n_heads = 4, mamba_d_head = 16, mamba_d_state = 8, mamba_n_groups = 1,"
         ' layer_types = ["mamba", "attention"], mamba_chunk_size = 16',
         "CausalLM",
