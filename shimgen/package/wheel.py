@@ -237,6 +237,7 @@ def weights_file_of(wheel: Path) -> Path:
 
 def _check(
     staging: Path,
+    site: Path,
     name: str,
     module_dirs: tuple[Path, ...],
     given: verify.Plan | verify.ReferenceRun | None,
@@ -260,7 +261,7 @@ def _check(
     if checked.ok:
         return report
     shutil.rmtree(staging, ignore_errors=True)
-    kept = "the previous package is left in place"
+    kept = "the previous package is left in place" if site.is_dir() else "no package is written"
     if report.failure.startswith("import: ") or (not report.failure and not report.running):
         crash = f" (it crashed with signal {checked.signal})" if checked.signal else ""
         raise BuildError(
@@ -311,7 +312,7 @@ def _install(
 ) -> PackageResult:
     with ThreadPoolExecutor(max_workers=1) as pool:  # where the check fails, `beside` is waited for all the same
         besides = pool.submit(beside, staging, weights_file) if beside else None
-        report = _check(staging, name, module_dirs, plan, weights_file)
+        report = _check(staging, site, name, module_dirs, plan, weights_file)
         error = besides.exception() if besides is not None else None
     if error is not None:
         shutil.rmtree(staging, ignore_errors=True)

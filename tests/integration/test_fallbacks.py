@@ -28,6 +28,7 @@ import torch
 from conftest import FAST_FLAGS, import_package, spec_of_its_own, with_flags
 from test_build import eager_and_inputs
 
+from shimgen.errors import MismatchError
 from shimgen.inductor import codegen
 from shimgen.pipeline import build
 from shimgen.results import CodegenResult
@@ -160,15 +161,17 @@ def test_a_graph_that_computes_otherwise_with_freezing_is_generated_again_withou
     workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without oneDNN in the running (flags.onednn off), a frozen graph that computes otherwise (its weights file
-    scaled, as in the oneDNN case) is generated again at once without freezing, in this process."""
+    scaled, as in the oneDNN case) is generated again at once without freezing, in this process. Where it still
+    computes otherwise without freezing, the build fails, naming what it was generated without."""
     frozen: list[bool] = []
+    miscompiled_unfrozen = False
     real = codegen.generate
 
     def generate(*args: Any, **kwargs: Any) -> CodegenResult:
         result = real(*args, **kwargs)
         flags = args[2]
         frozen.append(flags.freezing)
-        if flags.freezing:
+        if flags.freezing or miscompiled_unfrozen:
             _scale_weights(result)
         return result
 
@@ -186,9 +189,17 @@ def test_a_graph_that_computes_otherwise_with_freezing_is_generated_again_withou
     assert _locked(spec, "freezing_off") == [why] and not built.onednn_off
     _equals_eager(built, spec)
 
-    # A fresh output directory reads the lockfile: no codegen with freezing.
-    fresh = build(spec, tmp_path / "fresh")
-    assert frozen[2:] == [False] and fresh.freezing_off == built.freezing_off
+    # A fresh output directory reads the lockfile: no codegen with freezing. Its code computing otherwise too, no
+    # fallback is left.
+    miscompiled_unfrozen = True
+    with pytest.raises(MismatchError) as failed:
+        build(spec, tmp_path / "fresh")
+    assert frozen[2:] == [False]
+    assert str(failed.value).startswith(
+        "the built package 'scalar_heads' does not compute what its traced program does; no package is written: "
+        "graph[0] (heads, cpu) at example (batch=4): output 0 differs"
+    ), failed.value
+    assert str(failed.value).endswith("(generated without freezing)"), failed.value
 
 
 def test_a_graph_inductor_fails_on_with_gemm_templates_is_generated_again_without(

@@ -1909,13 +1909,19 @@ def test_a_package_that_crashes_in_its_check_is_named_with_what_it_said(
         Path(args[2]).write_text(json.dumps({"running": "graph[0] (model, cpu) at smallest (batch=1)"}))
         return Completed(("python",), -6, "calling\ndouble free or corruption (!prev)\n", None)
 
+    site = tmp_path / "site"
     staging = tmp_path / "site.new"
     staging.mkdir()
     monkeypatch.setattr(package_wheel, "run_python", crashing)
     with pytest.raises(BuildError) as raised:
-        package_wheel._check(staging, "demo", (), None, None)
+        package_wheel._check(staging, site, "demo", (), None, None)
     assert str(raised.value).endswith(
         "the built package 'demo' crashed with signal 6 (double free or corruption (!prev)) at graph[0] (model, cpu) at "
-        "smallest (batch=1); the previous package is left in place"
+        "smallest (batch=1); no package is written"
     )
     assert not staging.exists()
+    site.mkdir()  # a package of an earlier build
+    staging.mkdir()
+    with pytest.raises(BuildError) as raised:
+        package_wheel._check(staging, site, "demo", (), None, None)
+    assert str(raised.value).endswith("; the previous package is left in place") and site.is_dir()
