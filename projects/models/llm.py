@@ -46,7 +46,27 @@ def llama(
         vocab_size=vocab,
         max_position_embeddings=max(128, max_cache),
     )
-    model = transformers.LlamaForCausalLM(config).eval().to(getattr(torch, dtype))
+    return _with_static_cache(transformers.LlamaForCausalLM(config).eval().to(getattr(torch, dtype)), max_cache)
+
+
+def causal_lm(arch: str, max_cache: int = 64, **config: object) -> torch.nn.Module:
+    """A small causal LM of transformers' model type `arch` (qwen2, gemma2, mixtral, ...) behind the same recipe: a
+    2-layer config of width 64 with grouped-query attention, where `config` overrides or adds fields."""
+    small = {
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 128,
+        "max_position_embeddings": max(128, max_cache),
+    }
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(arch, **small | config))
+    return _with_static_cache(model.eval(), max_cache)
+
+
+def _with_static_cache(model: transformers.PreTrainedModel, max_cache: int) -> StaticCacheLM:
     model.generation_config = transformers.GenerationConfig(
         use_cache=True,
         cache_implementation="static",
