@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -300,7 +302,25 @@ def describe(exc: BaseException, spec_dir: Path) -> str:
         location = f" (at {rel}:{frame.lineno})"
         break
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {message}{location}"
+    return f"{type(exc).__name__}: {message}{location}{_torchvision_hint(message)}"
+
+
+def _torchvision_hint(message: str) -> str:
+    """Why an op of torchvision is missing where torchvision imports: its compiled ops are of another torch build.
+    transformers and timm import torchvision wherever it is installed, so a model that never uses it fails so too."""
+    if not re.search(r"operator torchvision::\w+ does not exist", message):
+        return ""
+    import torch
+
+    try:
+        version = importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    return (
+        f". torchvision {version}'s compiled ops do not load with this torch ({torch.__version__}): it was built for "
+        "another torch or CUDA. Install the torchvision release built for this torch, or uninstall torchvision "
+        "(transformers and timm import it wherever it is installed)"
+    )
 
 
 def import_op_modules(modules: tuple[str, ...], where: str) -> None:

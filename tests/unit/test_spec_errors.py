@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import re
 import shutil
@@ -435,6 +436,27 @@ def test_bad_spec(tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[s
     assert err[-1] == f"shimgen: {spec}: {message}"
     assert not any("Traceback" in line for line in err)
     assert not (tmp_path / "dist").exists()
+
+
+def test_torchvision_ops_of_another_torch_are_named_as_the_cause(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What importing transformers or timm raises where the installed torchvision was built for another torch (as
+    here: a CUDA build beside the CPU torch) gets the reason and the ways out."""
+    (workdir / "projects" / "tv_ops.py").write_text('raise RuntimeError("operator torchvision::nms does not exist")\n')
+    spec = workdir / "projects" / "tv_ops.toml"
+    spec.write_text(PROJECT + edited(GOOD_GRAPH, "models.mlp:mlp", "tv_ops:model"))
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
+    try:
+        version = importlib.metadata.version("torchvision")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"shimgen: {spec}: graph[0].entry: cannot import 'tv_ops': RuntimeError: operator torchvision::nms does not "
+        f"exist (at tv_ops.py:1). torchvision {version}'s compiled ops do not load with this torch ({torch.__version__}): "
+        "it was built for another torch or CUDA. Install the torchvision release built for this torch, or uninstall "
+        "torchvision (transformers and timm import it wherever it is installed)"
+    )
 
 
 def test_missing_spec_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
