@@ -75,8 +75,13 @@ def spec(name: str, kwargs: str) -> str:
 
 def run_one(name: str, work: Path, device: str, tokens: int) -> tuple[str, float, str]:
     """(outcome, seconds, detail) of building the family and decoding through it."""
+    import torch
+
+    target = f'[[target]]\ndevice = "{device}"\n'
+    if device == "cuda":
+        target += 'archs = ["sm_{}{}"]\n'.format(*torch.cuda.get_device_capability())
     file = work / f"{name}.toml"
-    file.write_text(spec(name, FAMILIES[name]).replace("[flags]", f'[[target]]\ndevice = "{device}"\n\n[flags]'))
+    file.write_text(spec(name, FAMILIES[name]).replace("[flags]", f"{target}\n[flags]"))
     out = work / name
     start = time.perf_counter()
     shimgen = [sys.executable, "-m", "shimgen"]
