@@ -3,7 +3,8 @@ family a project of its own like projects/llm.toml (`prefill` and `decode` over 
 state), its model `models.llm:causal_lm` from a small config, built with `shimgen build`, then run by
 scripts/llm_generate.py.
 
-    python benchmarks/llm_families.py [--device cpu|cuda] [--only NAME ...] [--tokens N] [--out FILE]
+    python benchmarks/llm_families.py [--device cpu|cuda] [--dtype float32|bfloat16] [--only NAME ...] [--tokens N]
+                                      [--out FILE]
 
 The prompt is 8 tokens, so decoding 16 passes a sliding window of 12 (the `_sw` cases). Not here: DeepSeek-V3, whose
 latent attention's keys do not fit transformers' static cache (5.23: eager fails with it too). The builds use ATen's GEMMs
@@ -73,7 +74,7 @@ def spec(name: str, kwargs: str) -> str:
     return text + '\n[flags]\ngemm_autotune = false\nkernel_opt = "O1"\n'
 
 
-def run_one(name: str, work: Path, device: str, tokens: int) -> tuple[str, float, str]:
+def run_one(name: str, work: Path, device: str, dtype: str, tokens: int) -> tuple[str, float, str]:
     """(outcome, seconds, detail) of building the family and decoding through it."""
     import torch
 
@@ -81,7 +82,8 @@ def run_one(name: str, work: Path, device: str, tokens: int) -> tuple[str, float
     if device == "cuda":
         target += 'archs = ["sm_{}{}"]\n'.format(*torch.cuda.get_device_capability())
     file = work / f"{name}.toml"
-    file.write_text(spec(name, FAMILIES[name]).replace("[flags]", f"{target}\n[flags]"))
+    kwargs = FAMILIES[name] + (f', dtype = "{dtype}"' if dtype != "float32" else "")
+    file.write_text(spec(name, kwargs).replace("[flags]", f"{target}\n[flags]"))
     out = work / name
     start = time.perf_counter()
     shimgen = [sys.executable, "-m", "shimgen"]
@@ -107,6 +109,7 @@ def run_one(name: str, work: Path, device: str, tokens: int) -> tuple[str, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", help="the weights' and the KV cache's dtype")
     parser.add_argument("--only", nargs="*", default=None)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--out", type=Path, default=None)
@@ -119,13 +122,13 @@ def main() -> None:
     shutil.copytree(REPO / "projects" / "models", work / "models", ignore=shutil.ignore_patterns("__pycache__"))
     report = Report()
     report(
-        f"### llm_families.py --device {args.device}, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
+        f"### llm_families.py --device {args.device} --dtype {args.dtype}, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{len(names)} families, {args.tokens} tokens\n"
     )
     report("| family | model kwargs | outcome | seconds | detail |\n| --- | --- | --- | --- | --- |")
     for name in names:
-        outcome, seconds, detail = run_one(name, work, args.device, args.tokens)
+        outcome, seconds, detail = run_one(name, work, args.device, args.dtype, args.tokens)
         report(f"| {name} | `{FAMILIES[name]}` | {outcome} | {seconds:.0f} | {detail.replace('|', '/')} |")
         if args.out:
             report.save(args.out)

@@ -49,9 +49,10 @@ def llama(
     return _with_static_cache(transformers.LlamaForCausalLM(config).eval().to(getattr(torch, dtype)), max_cache)
 
 
-def causal_lm(arch: str, max_cache: int = 64, **config: object) -> torch.nn.Module:
+def causal_lm(arch: str, max_cache: int = 64, dtype: str = "float32", **config: object) -> torch.nn.Module:
     """A small causal LM of transformers' model type `arch` (qwen2, gemma2, mixtral, ...) behind the same recipe: a
-    2-layer config of width 64 with grouped-query attention, where `config` overrides or adds fields."""
+    2-layer config of width 64 with grouped-query attention, where `config` overrides or adds fields; its weights and
+    KV cache in `dtype`."""
     small = {
         "hidden_size": 64,
         "num_hidden_layers": 2,
@@ -63,7 +64,7 @@ def causal_lm(arch: str, max_cache: int = 64, **config: object) -> torch.nn.Modu
         "max_position_embeddings": max(128, max_cache),
     }
     model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(arch, **small | config))
-    return _with_static_cache(model.eval(), max_cache)
+    return _with_static_cache(model.eval().to(getattr(torch, dtype)), max_cache)
 
 
 def _with_static_cache(model: transformers.PreTrainedModel, max_cache: int) -> StaticCacheLM:

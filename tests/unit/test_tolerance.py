@@ -24,7 +24,11 @@ def test_low_precision_outputs_are_held_to_what_their_dtype_rounds_to_at_their_l
     rounded = want + torch.tensor([2.0, 1.0, 0.0], dtype=torch.bfloat16)
     assert tolerance.allowed(_graph(), want) == (15.0, 5e-2)
     assert tolerance.difference(_graph(), want, rounded) == ""
-    assert tolerance.difference(_graph(), want, want * 1.2) == "max abs error 60; atol 15, rtol 0.05"
+    assert tolerance.difference(_graph(), want, want * 1.2) == (
+        "max abs error 60; atol 15, rtol 0.05, bfloat16's least: a model whose eager run in bfloat16 is as far from its "
+        "run in float32 needs the graph's atol and rtol raised"
+    )
+    assert tolerance.difference(_graph(atol=20.0), want, want * 1.2) == "max abs error 60; atol 20, rtol 0.05"
     half = torch.tensor([1.0, 0.25], dtype=torch.float16)
     assert tolerance.allowed(_graph(), half) == (1e-2, 1e-2)
     assert tolerance.allowed(_graph(atol=1.0, rtol=0.5), half) == (1.0, 0.5)  # the graph's, where looser
