@@ -89,7 +89,8 @@ def run_one(name: str, work: Path, device: str, dtype: str, tokens: int) -> tupl
     shimgen = [sys.executable, "-m", "shimgen"]
     built = subprocess.run([*shimgen, "build", file, "--out", out], capture_output=True, text=True, cwd=REPO)
     if built.returncode != 0:
-        return "build failed", time.perf_counter() - start, " ".join(built.stderr.split())[:400]
+        said = [line for line in built.stderr.splitlines() if line.startswith("shimgen:")] or [built.stderr[-400:]]
+        return "build failed", time.perf_counter() - start, " ".join(said[-1].split())
     generate = [sys.executable, REPO / "scripts" / "llm_generate.py", "--spec", file, "--out", out]
     ran = subprocess.run(
         [*generate, "--tokens", str(tokens), "--device", device],
