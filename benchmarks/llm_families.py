@@ -101,8 +101,10 @@ def run_one(name: str, work: Path, device: str, dtype: str, tokens: int) -> tupl
     )
     seconds = time.perf_counter() - start
     lines = ran.stdout.strip().splitlines()
+    if ran.returncode != 0 and lines and lines[-1].startswith("TOKENS DIFFER"):
+        return "tokens differ", seconds, lines[-1].removeprefix("TOKENS DIFFER ")
     if ran.returncode != 0 or not lines:
-        return "tokens differ" if lines else "run failed", seconds, " ".join((ran.stdout + ran.stderr).split())[-400:]
+        return "run failed", seconds, " ".join((ran.stdout + ran.stderr).split())[-400:]
     eager, compiled = (line.split("(")[-1].removesuffix(" per decode step)") for line in lines[:2])
     return "tokens equal", seconds, f"per decode step: eager {eager}, shimgen {compiled}"
 
