@@ -39,14 +39,18 @@ EAGER, COMPILE, AOTI, AOTI_FREEZING, ORT, SHIMGEN = (
 
 
 class Report:
-    """Call with a line to print it now and keep it for `save`."""
+    """Call with a line to print it now and keep it for `save`; given `out`, every line is saved there at once (a run
+    cut short still says what it ran)."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: Path | None = None) -> None:
         self.lines: list[str] = []
+        self.out = out
 
     def __call__(self, text: str) -> None:
         print(text, flush=True)
         self.lines.append(text)
+        if self.out:
+            self.save(self.out)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -123,7 +123,7 @@ def main() -> None:
     names = [n for n in FAMILIES if not args.only or n in args.only]
     work = Path(tempfile.mkdtemp(prefix="shimgen-llm-"))
     shutil.copytree(REPO / "projects" / "models", work / "models", ignore=shutil.ignore_patterns("__pycache__"))
-    report = Report()
+    report = Report(args.out)
     report(
         f"### llm_families.py --device {args.device} --dtype {args.dtype}, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, transformers {transformers.__version__}, "
@@ -133,12 +133,8 @@ def main() -> None:
     for name in names:
         outcome, seconds, detail = run_one(name, work, args.device, args.dtype, args.tokens)
         report(f"| {name} | `{FAMILIES[name]}` | {outcome} | {seconds:.0f} | {detail.replace('|', '/')} |")
-        if args.out:
-            report.save(args.out)
     equal = sum("| tokens equal |" in line for line in report.lines)
     report(f"\n{equal} of {len(names)} decode the same tokens as eager")
-    if args.out:
-        report.save(args.out)
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -1025,14 +1025,12 @@ def main() -> None:
     shutil.copy(HERE / "sweep_models.py", work / "models" / "sweep_models.py")
     shutil.copy(REPO / "projects" / "models" / "torchvision_ops.py", work / "models" / "torchvision_ops.py")
     (work / "models" / "__init__.py").write_text("")
-    report = Report()
+    report = Report(args.out)
     report(
         f"### model_sweep.py --device {args.device}, {time.strftime('%Y-%m-%d %H:%M')}, {platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}, {len(cases)} models, {args.jobs} at once\n"
     )
     report("| model | outcome | seconds | detail |\n| --- | --- | --- | --- |")
-    if args.out:  # a run cut short before its first case ends still says what it ran
-        report.save(args.out)
     threads = max(1, (os.cpu_count() or 1) // args.jobs)  # the cores shared out among the builds
     gpus = itertools.cycle(range(torch.cuda.device_count())) if args.device == "cuda" else itertools.repeat(None)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # reported as they finish
@@ -1040,12 +1038,8 @@ def main() -> None:
         for done in as_completed(running):
             outcome, detail, seconds = done.result()
             report(f"| {running[done].name} | {outcome} | {seconds:.0f} | {detail.replace('|', '/')} |")
-            if args.out:
-                report.save(args.out)
     passed = sum("| passed |" in line for line in report.lines)
     report(f"\n{passed} of {len(cases)} passed")
-    if args.out:
-        report.save(args.out)
 
 
 if __name__ == "__main__":
