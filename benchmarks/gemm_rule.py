@@ -1,10 +1,10 @@
-"""Where timing GEMM candidates pays: the measurement behind kernel_choice.CPU_LIBRARY_ROWS and GPU_TEMPLATE_ROWS.
+"""Where timing GEMM candidates pays: the measurement behind kernel_choice.untimed_kernel's rows.
 
     python benchmarks/gemm_rule.py [--device cuda] [--out benchmarks/results]
 
-Builds one project of Linear + ReLU graphs, rows (M) by K x N of common layers (BERT-base-like on the CPU; also
-ResNet's classifier and large square ones on the GPU), with `max_autotune = true` (every GEMM's candidates timed: the
-rule off) and reads each selection's timings from the build summary: Inductor's template (C++ on the CPU, one thread,
+Builds one project of Linear + ReLU graphs, rows (M) by K x N of common layers (MiniLM's and BERT-base's, ResNet's
+classifier, a 1B LLM's MLP on the CPU; large square ones on the GPU), with `max_autotune = true` (every GEMM's
+candidates timed: the rule off) and reads each selection's timings from the build summary: Inductor's template (C++ on the CPU, one thread,
 as shimgen times it; Triton on the GPU) against the library kernel (oneDNN; cuBLAS through ATen). Then the same project
 with the default flags, timed: the build time the rule saves, and which GEMMs it left untimed.
 """
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from common import REPO, Report, shimgen_build
 
-ROWS = {"cpu": (1, 4, 16, 32, 64, 128, 256), "cuda": (1, 8, 64, 512, 4096)}
-SHAPES = {"cpu": ((384, 384), (384, 1536), (768, 768)), "cuda": ((512, 1000), (768, 3072), (4096, 4096))}
+ROWS = {"cpu": (1, 2, 4, 8, 16, 64), "cuda": (1, 8, 64, 512, 4096)}
+SHAPES = {"cpu": ((384, 384), (512, 1000), (768, 3072), (2048, 8192)), "cuda": ((512, 1000), (768, 3072), (4096, 4096))}
 MODEL = """
 from torch import nn
 
@@ -94,7 +94,8 @@ def main() -> None:
             us = choices[0]["us"]
             template = min(v for name, v in us.items() if "template" in name)  # `us` has one per kind
             library = min(v for name, v in us.items() if "template" not in name)
-            rule = "timed" if kernel_choice.offers_template(m, device != "cpu") else "library, untimed"
+            rule = kernel_choice.untimed_kernel(m, device != "cpu")
+            rule = f"{rule}, untimed" if rule else "timed"
             report(f"| {m} | {k} x {n} | {template:g} | {library:g} | {template / library:.2f} | {rule} |")
     untimed = sum(len(v) for v in ruled.get("untimed_gemms", {}).values())
     report(

@@ -85,7 +85,9 @@ class BuildOutput:
     skipped: list[str] = field(default_factory=list)
     compiler_cache: str | None = None
     kernel_choices: dict[str, tuple[KernelChoice, ...]] = field(default_factory=dict)  # by unit
-    untimed_gemms: dict[str, tuple[tuple[tuple[str, ...], int], ...]] = field(default_factory=dict)  # by unit
+    untimed_gemms: dict[str, tuple[tuple[tuple[tuple[str, ...], str], int], ...]] = field(
+        default_factory=dict
+    )  # by unit
     scalar_kernels: dict[str, str] = field(default_factory=dict)  # by unit: why its CPU kernels are not vectorized
     onednn_off: dict[str, str] = field(default_factory=dict)  # by unit: why it was generated without oneDNN
     gemm_templates_off: dict[str, str] = field(default_factory=dict)  # by unit: why its GEMMs were not timed
@@ -121,7 +123,7 @@ class BuildOutput:
             "build_server": os.getppid() if os.environ.get("SHIMGEN_SERVER_CHILD") else None,
             "kernel_choices": to_json(self.kernel_choices),
             "untimed_gemms": {
-                unit: [{"sizes": list(sizes), "count": n} for sizes, n in gemms]
+                unit: [{"sizes": list(sizes), "kernel": kernel, "count": n} for (sizes, kernel), n in gemms]
                 for unit, gemms in self.untimed_gemms.items()
             },
             "scalar_kernels": self.scalar_kernels,

@@ -124,8 +124,8 @@ class CodegenResult:
     out_nodes: tuple[OutNode, ...]
     num_outputs: int
     kernel_choices: tuple[KernelChoice, ...] = ()
-    # GEMMs given the library kernel without timing (kernel_choice.offers_template): (input sizes, count)
-    untimed_gemms: tuple[tuple[tuple[str, ...], int], ...] = ()
+    # GEMMs given a kernel without timing (kernel_choice.untimed_kernel): ((input sizes, "library" or "template"), count)
+    untimed_gemms: tuple[tuple[tuple[tuple[str, ...], str], int], ...] = ()
     extern_nodes: Path | None = (
         None  # Inductor's description of the ops it leaves to run time (its <hash>.wrapper.json)
     )

@@ -356,8 +356,10 @@ def _print_summary(result: BuildOutput) -> None:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
     _print_fallbacks(result)
     for unit, gemms in result.untimed_gemms.items():
-        listed = ", ".join(f"{' @ '.join(sizes)}{f' x{n}' if n > 1 else ''}" for sizes, n in gemms)
-        print(f"  library GEMMs, untimed ({kernel_choice.RULE}), {unit}: {listed}", file=err)
+        for kernel in ("library", "template"):
+            listed = ", ".join(f"{' @ '.join(s)}{f' x{n}' if n > 1 else ''}" for (s, k), n in gemms if k == kernel)
+            if listed:
+                print(f"  {kernel} GEMMs, untimed ({kernel_choice.RULE}), {unit}: {listed}", file=err)
     for unit, choices in result.kernel_choices.items():
         print(f"  kernels chosen by timing, {unit} (us per call; CPU candidates timed with one thread):", file=err)
         for c in choices:

@@ -33,12 +33,19 @@ from shimgen.results import KernelChoice
 # template takes 0.2-0.8x the library's time at 1-4 rows (oneDNN's ~30 us per call is most of a small GEMM) and
 # 1.5-2.9x from 16 rows on; timing it means rendering it (0.7 s) and compiling it, seconds per GEMM of every build.
 CPU_LIBRARY_ROWS = 16
+# And at this many rows or fewer, in float32 against oneDNN, the template is taken untimed: it took 0.08-0.91x oneDNN's
+# time there on every shape measured (K x N up to 2048 x 8192, an AVX2 and an AVX-512 machine), and timing it means
+# compiling it, about 3 s per GEMM shape of a first build on each kind of machine the lockfile has not seen.
+CPU_TEMPLATE_ROWS = 4
 # On a GPU the other way round: a GEMM with fewer rows than this gets cuBLAS (through ATen) untimed. Measured on the
 # H100 (benchmarks/gemm_rule.py --device cuda, results/gemm_rule_cuda.md), fp32, K x N from 512 x 1000 to 4096 x 4096:
 # the best of Inductor's Triton templates takes 1.2-4.4x cuBLAS's time from 1 to 512 rows and 2.0-2.1x at 4096 rows
 # but for 4096 x 4096 (0.87x); timing them means compiling 6-18 templates, 6 s per GEMM of every build.
 GPU_TEMPLATE_ROWS = 4096
-RULE = f"on a CPU {CPU_LIBRARY_ROWS} rows or more, on a GPU fewer than {GPU_TEMPLATE_ROWS}"
+RULE = (
+    f"the library on a CPU from {CPU_LIBRARY_ROWS} rows, on a GPU below {GPU_TEMPLATE_ROWS}; "
+    f"Inductor's C++ template on a CPU up to {CPU_TEMPLATE_ROWS} rows"
+)
 
 # Extern (library) kernels by the name Inductor's choice carries; the rest are Inductor's own templates.
 LIBRARIES = {
@@ -60,7 +67,9 @@ def kind(choice_name: str, extern: bool) -> str:
 @dataclass
 class Recording:
     choices: list[KernelChoice] = field(default_factory=list)
-    untimed: dict[tuple[str, ...], int] = field(default_factory=dict)  # GEMM sizes given the library kernel -> count
+    untimed: dict[tuple[tuple[str, ...], str], int] = field(
+        default_factory=dict
+    )  # (GEMM sizes, "library" or "template") given untimed -> count
     asked: dict[int, Any] = field(default_factory=dict)  # the GEMMs' output layouts by id, kept so no id is reused
     timings: Timings = field(
         default_factory=dict
@@ -71,8 +80,7 @@ class Recording:
 def recorded(device: str, locked: list[Timings], retune: bool, every_gemm: bool = False) -> Iterator[Recording]:
     """Inductor's configuration for the duration: every kernel selection recorded; a selection whose candidates
     all have timings in one of the `locked` sets takes them from the first such set instead of measuring (none does
-    with `retune`). GEMMs where `offers_template` says no get the library kernel untimed, unless `every_gemm`
-    (max_autotune, TMA)."""
+    with `retune`). GEMMs where `untimed_kernel` names one get it untimed, unless `every_gemm` (max_autotune, TMA)."""
     import torch
     from torch._inductor import config, select_algorithm
     from torch._inductor.codecache import CacheBase, PersistentCache
@@ -81,11 +89,20 @@ def recorded(device: str, locked: list[Timings], retune: bool, every_gemm: bool 
     recording = Recording()
     choices = recording.choices
     measure = PersistentCache.lookup
+    gpu = devices.device(device).gpu
+    ruled: set[int] = set()  # ids of the templates taken by the rule, whose selections are not timings to report
 
     def lookup(
         self: Any, candidates: list[Any], op: str, inputs: str, benchmark: Any, hint_override: int | None = None
     ) -> dict[Any, float]:
         key = f"{inputs}_{hint_override}" if hint_override is not None else inputs
+        template = None if every_gemm else _ruled_template(candidates, gpu)
+        if template is not None:
+            library = next(c for c in candidates if c is not template)  # the template's inputs are its packed ones
+            sizes = tuple(_sizes(V.graph, node) for node in library.input_nodes[:2])
+            recording.untimed[sizes, "template"] = recording.untimed.get((sizes, "template"), 0) + 1
+            ruled.add(id(template))
+            return {c: 0.0 if c is template else float("inf") for c in candidates}
         benchmark = _keeping_input_layouts(benchmark, candidates)
         precision = torch.get_float32_matmul_precision()
         names = locked_keys(candidates)
@@ -102,7 +119,7 @@ def recorded(device: str, locked: list[Timings], retune: bool, every_gemm: bool 
         return timings
 
     def log_results(name: str, input_nodes: list[Any], timings: dict[Any, float], *args: Any, **kwargs: Any) -> None:
-        if timings:
+        if timings and not any(id(c) in ruled for c in timings):
             choices.append(_choice(name, [_sizes(V.graph, node) for node in input_nodes], timings))
 
     threads = torch.get_num_threads()
@@ -115,10 +132,10 @@ def recorded(device: str, locked: list[Timings], retune: bool, every_gemm: bool 
         )
         stack.enter_context(mock.patch.object(PersistentCache, "lookup", lookup))
         if not every_gemm:
-            gate = "use_triton_template" if devices.device(device).gpu else "use_cpp_gemm_template"
+            gate = "use_triton_template" if gpu else "use_cpp_gemm_template"
             for module, original in _gemm_gates(gate):
                 stack.enter_context(mock.patch.object(module, gate, _gated(original, recording)))
-        if not devices.device(device).gpu:
+        if not gpu:
             cache = CacheBase.get_local_cache_path()
             one_thread_cache = cache.with_name(f"{cache.name}-shimgen-cpu-one-thread")
             stack.enter_context(
@@ -170,34 +187,61 @@ def _gemm_gates(gate: str) -> list[tuple[Any, Any]]:
     ]
 
 
-def offers_template(rows: int, gpu: bool) -> bool:
-    """Whether a GEMM of `rows` rows (at the traced example) has Inductor's templates timed against the library kernel."""
-    return rows >= GPU_TEMPLATE_ROWS if gpu else rows < CPU_LIBRARY_ROWS
+def untimed_kernel(rows: int, gpu: bool) -> str | None:
+    """What a float32 GEMM of `rows` rows (at the traced example) gets without its candidates timed: "library",
+    "template" (Inductor's C++ template, where it is a candidate), or None: its candidates are timed."""
+    if gpu:
+        return None if rows >= GPU_TEMPLATE_ROWS else "library"
+    if rows >= CPU_LIBRARY_ROWS:
+        return "library"
+    return "template" if rows <= CPU_TEMPLATE_ROWS else None
+
+
+def _rows(layout: Any) -> int:
+    """A GEMM output's rows at the traced example: the product of its leading dims."""
+    from torch._inductor.virtualized import V
+
+    rows = 1
+    for dim in V.graph.sizevars.optimization_hints(layout.size)[:-1]:
+        rows *= int(dim)
+    return rows
 
 
 def _gated(original: Any, recording: Recording) -> Any:
     """A template gate (`use_cpp_gemm_template(layout, mat1, mat2, ...)` or `use_triton_template(layout, ...)`) that
-    offers the template, and so times it, only where `offers_template`."""
+    offers the template, and so times it, unless `untimed_kernel` gives the library."""
 
     def gate(layout: Any, *args: Any, **kwargs: Any) -> bool:
         if not original(layout, *args, **kwargs):
             return False
         from torch._inductor.virtualized import V
 
-        size = V.graph.sizevars.optimization_hints(layout.size)
-        rows = 1
-        for dim in size[:-1]:
-            rows *= int(dim)
-        if offers_template(rows, devices.device(layout.device.type).gpu):
+        if untimed_kernel(_rows(layout), devices.device(layout.device.type).gpu) != "library":
             return True
         if id(layout) not in recording.asked:  # a lowering may ask twice about one GEMM (one output layout)
             recording.asked[id(layout)] = layout
             inputs = [a for a in args[:2] if hasattr(a, "get_size")]  # use_triton_template has the output alone
-            sizes = tuple(_sizes(V.graph, node) for node in inputs) or ("x".join(map(str, size)),)
-            recording.untimed[sizes] = recording.untimed.get(sizes, 0) + 1
+            sizes = tuple(_sizes(V.graph, node) for node in inputs) or (
+                "x".join(map(str, V.graph.sizevars.optimization_hints(layout.size))),
+            )
+            recording.untimed[sizes, "library"] = recording.untimed.get((sizes, "library"), 0) + 1
         return False
 
     return gate
+
+
+def _ruled_template(candidates: list[Any], gpu: bool) -> Any:
+    """The one template among a float32 GEMM's `candidates`, the others oneDNN's (as measured), where
+    `untimed_kernel` takes it untimed; else None."""
+    import torch
+    from torch._inductor.select_algorithm import ExternKernelCaller
+
+    templates = [c for c in candidates if not isinstance(c, ExternKernelCaller)]
+    libraries = {kind(getattr(c, "name", ""), True) for c in candidates if isinstance(c, ExternKernelCaller)}
+    layout = getattr(templates[0], "layout", None) if len(templates) == 1 and libraries == {"oneDNN"} else None
+    if layout is None or layout.dtype != torch.float32 or untimed_kernel(_rows(layout), gpu) != "template":
+        return None
+    return templates[0]
 
 
 def _keeping_input_layouts(benchmark: Any, candidates: list[Any]) -> Any:

@@ -254,8 +254,9 @@ class Flags:
         "CPU: Inductor's C++ GEMM template (for the target's ISA) against ATen, and oneDNN where onednn prepacks, "
         "timed with one thread so that a busy build machine ranks them alike (8 x (Linear 32, gelu, residual), "
         "batch 4, 1 thread: 2.3 vs 154 us without). CUDA: Inductor's Triton GEMM templates against cuBLAS; "
-        "convolutions stay on cuDNN. Where timing does not pay, measured, the library kernel is taken untimed: "
-        "on a CPU from 16 rows (batch x sequence), on a GPU below 4096 rows. "
+        "convolutions stay on cuDNN. Where timing does not pay, measured, a kernel is taken untimed: on a CPU the "
+        "library's from 16 rows (batch x sequence) and, in float32 against oneDNN, Inductor's template up to 4 rows; "
+        "on a GPU the library's below 4096 rows. "
         "Costs seconds per distinct GEMM shape at cold builds; off for fast builds. "
         "The measured choice may differ between builds. A graph that Inductor fails on with its templates as candidates "
         "is generated again without them; the build says so and the lockfile keeps it.",

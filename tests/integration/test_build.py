@@ -59,21 +59,18 @@ def test_build_summary(built_mlp: dict[str, Any], workdir: Path) -> None:
     assert {"toolchain", "trace", "codegen", "render", "compile", "package"} <= set(built_mlp["stages"])
     assert built_mlp["compiled_units"]["done"] == built_mlp["compiled_units"]["total"] > 0
     assert built_mlp["target"] == "cpu-native"
-    # gemm_autotune (on by default) timed each Linear's candidates; the summary names the winner and every time.
-    choices = built_mlp["kernel_choices"]["forward_cpu"]
-    assert sum(c["count"] for c in choices) == 8  # mlp.toml: 8 Linear layers
-    for c in choices:
-        assert c["picked"] in c["us"] and c["us"][c["picked"]] == min(c["us"].values()) and len(c["us"]) >= 2
-        assert c["sizes"][0].startswith("4x") or c["sizes"][1].startswith("4x")  # the example batch, 4
-    # Where Inductor's C++ GEMM template won, its partitions were rewritten to follow the caller's team (batch is
-    # dynamic): a torch whose template text differs would leave it made for this machine's cores.
-    if any("C++ GEMM template" in c["picked"] for c in choices):
-        kernels = "".join(
-            p.read_text() for p in (workdir / "build" / "mlp" / "codegen" / "forward_cpu").glob("kernels_*.cpp")
-        )
-        assert (
-            "int64_t num_threads = omp_get_max_threads();" in kernels and "constexpr int64_t num_threads" not in kernels
-        )
+    # kernel_choice.untimed_kernel: at 4 rows (the example batch) each Linear takes Inductor's C++ GEMM template
+    # against oneDNN untimed, and the summary says so.
+    assert built_mlp["untimed_gemms"] == {
+        "forward_cpu": [{"sizes": ["4x32", "32x32"], "kernel": "template", "count": 8}]  # mlp.toml: 8 Linear layers
+    }
+    assert "forward_cpu" not in built_mlp["kernel_choices"]
+    # The template's partitions were rewritten to follow the caller's team (batch is dynamic): a torch whose template
+    # text differs would leave it made for this machine's cores.
+    kernels = "".join(
+        p.read_text() for p in (workdir / "build" / "mlp" / "codegen" / "forward_cpu").glob("kernels_*.cpp")
+    )
+    assert "int64_t num_threads = omp_get_max_threads();" in kernels and "constexpr int64_t num_threads" not in kernels
 
 
 def test_mlp_matches_eager(built_mlp: dict[str, Any], workdir: Path) -> None:
@@ -265,7 +262,7 @@ print("venv ok", mlp.__file__)
 
 
 def test_gemms_with_many_rows_get_the_library_kernel_untimed(workdir: Path) -> None:
-    """kernel_choice.CPU_LIBRARY_ROWS: at example batch 32 the mlp's Linears are not timed (the template would lose
+    """kernel_choice.untimed_kernel: at example batch 32 the mlp's Linears are not timed (the template would lose
     there); the summary lists them, the lockfile has nothing for them, and the package computes what eager does."""
     spec = workdir / "projects" / "mlp_rows.toml"
     spec.write_text(
@@ -276,7 +273,7 @@ def test_gemms_with_many_rows_get_the_library_kernel_untimed(workdir: Path) -> N
         )
     )
     summary = build_json(spec, workdir)
-    assert summary["untimed_gemms"] == {"forward_cpu": [{"sizes": ["32x32", "32x32"], "count": 8}]}
+    assert summary["untimed_gemms"] == {"forward_cpu": [{"sizes": ["32x32", "32x32"], "kernel": "library", "count": 8}]}
     assert "forward_cpu" not in summary["kernel_choices"]
     lock = spec.with_name(spec.name + ".lock")
     assert not lock.is_file() or not json.loads(lock.read_text())["units"]

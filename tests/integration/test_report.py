@@ -36,13 +36,9 @@ def test_report_lists_what_the_build_made(built_mlp: dict[str, Any], workdir: Pa
     assert sum(k["calls"] for k in unit["kernels"]) >= 8  # 8 Linear layers: Inductor's GEMM template or oneDNN's
     assert all(Path(k["source"]).is_file() for k in unit["kernels"])
 
-    # gemm_autotune (on by default) timed the Linear layers' kernels: the build wrote its choices to the lockfile.
-    lock = spec.with_name("mlp.toml.lock")
-    assert lock.is_file() or not built_mlp["kernel_choices"]
-    if lock.is_file():
-        assert data["lockfile"] == str(lock)
-        machines = json.loads(lock.read_text())["units"][unit["lock_section"]]["machines"]
-        assert unit["kernel_choices"] != [] and unit["kernel_choices"] in [m["choices"] for m in machines]
+    # At 4 rows the Linear layers took their kernel untimed (kernel_choice.untimed_kernel): nothing in the lockfile.
+    # test_shared_cache's lockfile test reports choices that were timed.
+    assert built_mlp["untimed_gemms"] and unit["kernel_choices"] == []
 
     steps = {s["name"]: s for s in unit["translation_units"]}
     for source in [*codegen.glob("kernels_*.cpp"), codegen / "model.cpp"]:

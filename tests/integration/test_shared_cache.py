@@ -18,6 +18,7 @@ import pytest
 from conftest import FAST_FLAGS, REPO, import_package, shimgen, with_flags
 
 from shimgen.cache import shared_cache
+from shimgen.commands import report
 
 
 def _free_port() -> int:
@@ -90,8 +91,14 @@ def test_bad_cache_urls_are_refused(tmp_path: Path) -> None:
 
 
 def _copy_projects(root: Path) -> Path:
+    """projects/ without its lockfiles, in `root`: its mlp.toml at example batch 8, where the Linear layers' candidates
+    are timed (kernel_choice.untimed_kernel)."""
     shutil.copytree(REPO / "projects", root / "projects", ignore=shutil.ignore_patterns("__pycache__", "*.lock"))
-    return root / "projects" / "mlp.toml"
+    spec = root / "projects" / "mlp.toml"
+    text = spec.read_text()
+    assert "example = 4" in text
+    spec.write_text(text.replace("example = 4", "example = 8"))
+    return spec
 
 
 def _build(spec: Path, out: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -177,6 +184,8 @@ def test_the_lockfile_replays_kernel_choices_and_retune_measures_again(
     [(section, unit)] = data["units"].items()
     [own] = unit["machines"]
     assert section.startswith("forward_cpu torch") and own["choices"][0]["picked"] == choice["picked"]
+    reported = report.collect(spec, out, ONLY[1])
+    assert reported["lockfile"] == str(lock) and reported["units"]["forward_cpu"]["kernel_choices"] == own["choices"]
     loser = next(name for name in choice["us"] if name != choice["picked"])
     for precisions in own["timings"][choice["op"]].values():
         for timings in precisions.values():
