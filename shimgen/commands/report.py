@@ -17,7 +17,7 @@ from shimgen.build.meson import unit_name as tu_name
 from shimgen.cache.state import State
 from shimgen.commands import matrix
 from shimgen.errors import UserError
-from shimgen.inductor import generated, lockfile
+from shimgen.inductor import generated, kernel_choice, lockfile
 from shimgen.pipeline import Layout
 from shimgen.results import CodegenResult, PackageResult, unit_name
 from shimgen.spec import Graph, Target, load_spec
@@ -116,6 +116,9 @@ def _unit(build: _Build, graph: Graph, target: Target) -> dict[str, Any]:
         "kernels": generated.kernels(code) if code else [],
         "lock_section": section,
         "kernel_choices": _choices(build.locked.units.get(section, ()) if section else (), code),
+        "untimed_gemms": [{"sizes": list(s), "kernel": k, "count": n} for (s, k), n in code.untimed_gemms]
+        if code
+        else [],
         "translation_units": [_without_unit(s) for s in build.steps if s["unit"] == unit],
         "sizes": {
             "extension": _sized(_extension(unit, build)),
@@ -228,10 +231,14 @@ def _kernel_lines(kernels: list[dict[str, Any]], root: Path) -> list[str]:
 
 
 def _choice_lines(data: dict[str, Any], lock: str | None) -> list[str]:
-    head = f"  kernel choices (lockfile section '{data['lock_section']}', us per call):"
+    untimed = [
+        f"    {g['kernel']} {' @ '.join(g['sizes'])}{f' x{n}' if (n := g['count']) > 1 else ''}"
+        for g in data["untimed_gemms"]
+    ]
+    lines = [f"  GEMMs taken untimed ({kernel_choice.RULE}):", *untimed] if untimed else []
     if not data["kernel_choices"]:
-        return [f"  kernel choices: none in {'the lockfile' if lock else 'a lockfile (there is none)'}"]
-    lines = [head]
+        return [*lines, f"  kernel choices: none in {'the lockfile' if lock else 'a lockfile (there is none)'}"]
+    lines.append(f"  kernel choices (lockfile section '{data['lock_section']}', us per call):")
     for c in data["kernel_choices"]:
         count = f" x{c['count']}" if c.get("count", 1) > 1 else ""
         others = "; ".join(f"{name} {us:g}" for name, us in c["us"].items() if name != c["picked"])

@@ -38,7 +38,7 @@ def test_report_lists_what_the_build_made(built_mlp: dict[str, Any], workdir: Pa
 
     # At 4 rows the Linear layers took their kernel untimed (kernel_choice.untimed_kernel): nothing in the lockfile.
     # test_shared_cache's lockfile test reports choices that were timed.
-    assert built_mlp["untimed_gemms"] and unit["kernel_choices"] == []
+    assert unit["untimed_gemms"] == built_mlp["untimed_gemms"]["forward_cpu"] and unit["kernel_choices"] == []
 
     steps = {s["name"]: s for s in unit["translation_units"]}
     for source in [*codegen.glob("kernels_*.cpp"), codegen / "model.cpp"]:
@@ -60,6 +60,7 @@ def test_report_lists_what_the_build_made(built_mlp: dict[str, Any], workdir: Pa
     assert json.loads(run.stdout) == data
     shown = report.text(data)
     assert all(k["name"] in shown for k in unit["kernels"]) and "src_forward_cpu_model.cpp" in shown
+    assert "    template 4x32 @ 32x32 x8" in shown.splitlines()
 
 
 def test_report_of_a_spec_never_built(workdir: Path, tmp_path: Path) -> None:
