@@ -4,9 +4,9 @@
 
 Builds one project of Linear + ReLU graphs, rows (M) by K x N of common layers (MiniLM's and BERT-base's, ResNet's
 classifier, a 1B LLM's MLP on the CPU; large square ones on the GPU), with `max_autotune = true` (every GEMM's
-candidates timed: the rule off) and reads each selection's timings from the build summary: Inductor's template (C++ on the CPU, one thread,
-as shimgen times it; Triton on the GPU) against the library kernel (oneDNN; cuBLAS through ATen). Then the same project
-with the default flags, timed: the build time the rule saves, and which GEMMs it left untimed.
+candidates timed: the rule off) and reads each selection's timings from the build summary: Inductor's template (C++ on
+the CPU, one thread, as shimgen times it; Triton on the GPU) against the library kernel (oneDNN; cuBLAS through ATen).
+Then the same project with the default flags, timed: the build time the rule saves, and which GEMMs it left untimed.
 """
 
 from __future__ import annotations

@@ -27,15 +27,15 @@ from shimgen import devices
 from shimgen.inductor.lockfile import Timings
 from shimgen.results import KernelChoice
 
-# Where timing pays on a CPU: a GEMM with at least this many rows (the product of the output's leading dims at the
-# traced example) gets the library kernel (oneDNN, MKL, ATen) untimed. Measured on this project's 2-core runner with
-# one thread, K x N from 384 x 384 to 768 x 768 (benchmarks/gemm_rule.py, results/gemm_rule.md): Inductor's C++ GEMM
-# template takes 0.2-0.8x the library's time at 1-4 rows (oneDNN's ~30 us per call is most of a small GEMM) and
-# 1.5-2.9x from 16 rows on; timing it means rendering it (0.7 s) and compiling it, seconds per GEMM of every build.
+# Where timing pays on a CPU, measured with one thread on 2-core AVX2 and AVX-512 machines, K x N from 384 x 384 to
+# 2048 x 8192 (benchmarks/gemm_rule.py, results/gemm_rule.md). Timing Inductor's C++ GEMM template means rendering and
+# compiling it: about 3 s per GEMM shape of a first build on each kind of machine the lockfile has not seen.
+# A GEMM with at least this many rows (the product of the output's leading dims at the traced example) gets the library
+# kernel (oneDNN, MKL, ATen) untimed: the template took 0.8-2.9x oneDNN's time from 16 rows on.
 CPU_LIBRARY_ROWS = 16
-# And at this many rows or fewer, in float32 against oneDNN, the template is taken untimed: it took 0.08-0.91x oneDNN's
-# time there on every shape measured (K x N up to 2048 x 8192, an AVX2 and an AVX-512 machine), and timing it means
-# compiling it, about 3 s per GEMM shape of a first build on each kind of machine the lockfile has not seen.
+# A float32 GEMM with at most this many rows gets the template untimed where oneDNN is the other candidate: it took
+# 0.08-0.91x oneDNN's time there (oneDNN's tens of microseconds per call are most of a small GEMM). Between the two
+# bands the template won or lost by shape (0.49-1.98x at 8 rows): timed.
 CPU_TEMPLATE_ROWS = 4
 # On a GPU the other way round: a GEMM with fewer rows than this gets cuBLAS (through ATen) untimed. Measured on the
 # H100 (benchmarks/gemm_rule.py --device cuda, results/gemm_rule_cuda.md), fp32, K x N from 512 x 1000 to 4096 x 4096:
