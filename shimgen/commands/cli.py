@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -71,6 +72,10 @@ def _main(argv: list[str] | None) -> int:
         _error(_project_exit(exc, getattr(args, "spec", None)))
         return 2
     except Exception as exc:
+        full = _disk_full(exc, getattr(args, "out", None))
+        if full is not None:
+            _error(f"shimgen: {full}")
+            return 2
         _error(_internal_error(exc, argv))
         return 3
 
@@ -106,6 +111,45 @@ def _project_exit(exc: SystemExit, spec: Path | None) -> str:
             break
     prefix = f"shimgen: {spec}: " if spec is not None else "shimgen: "
     return f"{prefix}the project's code called sys.exit({exc.code!r}){where}; a model must not exit the process"
+
+
+LOW_SPACE = 64 << 20  # free bytes below which a failure is put down to a full disk
+
+
+def _disk_full(exc: BaseException, out: Path | None) -> str | None:
+    """Where a failure is a full disk's, not a bug's, what to tell: an ENOSPC or EDQUOT anywhere in the exception's
+    chain, or a place the build writes to with less than LOW_SPACE left (a full disk also shows as a short write that
+    a library reports otherwise, e.g. torch's archive writer). Else None."""
+    chain, seen = [], set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        chain.append(at)
+        at = at.__cause__ or at.__context__
+    said = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain)
+    places = {
+        "the output directory": (out or Path(".")).resolve(),
+        "the temporary directory": Path(tempfile.gettempdir()),
+        "shimgen's per-user cache": toolchain.cache_dir(),
+    }
+    low = []
+    for name, path in places.items():
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        try:
+            free = shutil.disk_usage(path).free
+        except OSError:
+            continue
+        if free < LOW_SPACE:
+            low.append(f"{name} ({path}: {free >> 20} MB free)")
+    if not low and not said:
+        return None
+    where = "; ".join(low) if low else "a place the build writes to"
+    return (
+        f"the disk is full: {where}; the previous outputs are left as they were. Free some space (Inductor's and the "
+        f"compiler's caches and old build directories can go) and run it again "
+        f"({type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]})"
+    )
 
 
 def _internal_error(exc: Exception, argv: list[str] | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import importlib.metadata
 import os
 import re
@@ -1073,6 +1074,51 @@ def test_model_that_exits(tmp_path: Path, workdir: Path, capsys: pytest.CaptureF
 
 def _boom(*args: object, **kwargs: object) -> None:
     raise RuntimeError("boom\nsecond line")
+
+
+def _no_space(*args: object, **kwargs: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _short_write(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 106112 vs 106000")
+
+
+def test_a_full_disk_is_told_as_such_not_as_a_bug(
+    tmp_path: Path, workdir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build that fails for want of disk space exits 2 with what to do, no crash file: an ENOSPC in the failure, or
+    a short write that a library reports otherwise while a place the build writes to has almost no space left."""
+    import tempfile
+    from collections import namedtuple
+
+    import shimgen.pipeline
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    spec = workdir / "projects" / "mlp.toml"
+    monkeypatch.setattr(shimgen.pipeline, "load_spec", _no_space)
+    assert main(["build", str(spec), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shimgen: the disk is full: a place the build writes to; the previous outputs are left")
+    assert err.rstrip().endswith("(OSError: [Errno 28] No space left on device)")
+
+    usage = namedtuple("usage", "total used free")
+    real = shutil.disk_usage
+    out = tmp_path / "out"
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: usage(1 << 40, 1 << 40, 5 << 20) if Path(path) == tmp_path else real(path)
+    )
+    monkeypatch.setattr(shimgen.pipeline, "load_spec", _short_write)
+    assert main(["build", str(spec), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"shimgen: the disk is full: the output directory ({tmp_path}: 5 MB free);"), err
+    assert not list((tmp_path / "tmp").glob("shimgen-crash-*"))
+
+    # With space left, the same failure is a bug of shimgen's.
+    monkeypatch.setattr(shutil, "disk_usage", real)
+    assert main(["build", str(spec), "--out", str(out)]) == 3
+    assert "internal error (a bug in shimgen" in capsys.readouterr().err
 
 
 def test_internal_error(
