@@ -72,7 +72,10 @@ def _main(argv: list[str] | None) -> int:
         _error(_project_exit(exc, getattr(args, "spec", None)))
         return 2
     except Exception as exc:
-        full = _disk_full(exc, getattr(args, "out", None))
+        try:
+            full = _disk_full(exc, getattr(args, "out", None))
+        except OSError:  # a place it asks about cannot be read: the failure is told as a bug's, below
+            full = None
         if full is not None:
             _error(f"shimgen: {full}")
             return 2
