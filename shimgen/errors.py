@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+E = TypeVar("E", bound=BaseException)
+
 
 class UserError(Exception):
     """A problem with the user's input or environment, reported without a traceback."""
@@ -45,3 +49,12 @@ class MismatchError(BuildError):
     def __init__(self, message: str, failure: str = "", program: str = "") -> None:
         super().__init__(message)
         self.failure, self.program = failure, program
+
+
+def cause(exc: BaseException, kind: type[E]) -> E | None:
+    """`exc` or the first exception of type `kind` it was raised from or while handling (libraries wrap what fails
+    inside them)."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, kind):
+        seen = seen.__cause__ or seen.__context__
+    return seen

@@ -21,7 +21,7 @@ from shimgen.build import process
 from shimgen.cache import shared_cache
 from shimgen.commands import ci_workflow, matrix, report, server
 from shimgen.commands.check import compare
-from shimgen.errors import BuildError, UserError
+from shimgen.errors import BuildError, UserError, cause
 from shimgen.files import exclusive
 from shimgen.inductor import internals, kernel_choice
 from shimgen.package import merge
@@ -120,16 +120,11 @@ LOW_SPACE = 64 << 20  # free bytes below which a failure is put down to a full d
 
 
 def _disk_full(exc: BaseException, out: Path | None) -> str | None:
-    """Where a failure is a full disk's, not a bug's, what to tell: an ENOSPC or EDQUOT anywhere in the exception's
-    chain, or a place the build writes to with less than LOW_SPACE left (a full disk also shows as a short write that
+    """Where a failure is a full disk's, not a bug's, what to tell: an ENOSPC or EDQUOT as the OSError it came from,
+    or a place the build writes to with less than LOW_SPACE left (a full disk also shows as a short write that
     a library reports otherwise, e.g. torch's archive writer). Else None."""
-    chain, seen = [], set()
-    at: BaseException | None = exc
-    while at is not None and id(at) not in seen:
-        seen.add(id(at))
-        chain.append(at)
-        at = at.__cause__ or at.__context__
-    said = any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT) for e in chain)
+    failed_os = cause(exc, OSError)
+    said = failed_os is not None and failed_os.errno in (errno.ENOSPC, errno.EDQUOT)
     places = {
         "the output directory": (out or Path(".")).resolve(),
         "the temporary directory": Path(tempfile.gettempdir()),
@@ -404,7 +399,7 @@ def _print_summary(result: BuildOutput) -> None:
     _print_fallbacks(result)
     for unit, gemms in result.untimed_gemms.items():
         for kernel in ("library", "template"):
-            listed = ", ".join(f"{' @ '.join(s)}{f' x{n}' if n > 1 else ''}" for (s, k), n in gemms if k == kernel)
+            listed = kernel_choice.listed((sizes, n) for (sizes, k), n in gemms if k == kernel)
             if listed:
                 print(f"  {kernel} GEMMs, untimed ({kernel_choice.RULE}), {unit}: {listed}", file=err)
     for unit, choices in result.kernel_choices.items():

@@ -231,10 +231,7 @@ def _kernel_lines(kernels: list[dict[str, Any]], root: Path) -> list[str]:
 
 
 def _choice_lines(data: dict[str, Any], lock: str | None) -> list[str]:
-    untimed = [
-        f"    {g['kernel']} {' @ '.join(g['sizes'])}{f' x{n}' if (n := g['count']) > 1 else ''}"
-        for g in data["untimed_gemms"]
-    ]
+    untimed = [f"    {g['kernel']} {kernel_choice.listed([(g['sizes'], g['count'])])}" for g in data["untimed_gemms"]]
     lines = [f"  GEMMs taken untimed ({kernel_choice.RULE}):", *untimed] if untimed else []
     if not data["kernel_choices"]:
         return [*lines, f"  kernel choices: none in {'the lockfile' if lock else 'a lockfile (there is none)'}"]

@@ -35,7 +35,7 @@ from typing import Any
 from unittest import mock
 
 from shimgen import devices
-from shimgen.errors import UserError
+from shimgen.errors import UserError, cause
 from shimgen.files import replace_dir, shimgen_fingerprint, stage_key, write_if_changed
 from shimgen.inductor import (
     compat,
@@ -320,7 +320,7 @@ def generate(
         except UserError:
             raise
         except Exception as exc:  # Inductor raises many types; all mean "this graph cannot be compiled"
-            refused = _cause(exc, user_triton.UserKernelError)
+            refused = cause(exc, user_triton.UserKernelError)
             if isinstance(refused, user_triton.UserKernelError):
                 raise UserError(refused.message) from None
             failed = f"{type(exc).__name__}: {failure(str(exc))}"
@@ -455,14 +455,6 @@ def _short_kernel_names() -> Iterator[None]:
 
     with mock.patch.object(triton_codegen, "get_fused_kernel_name", shortened):
         yield
-
-
-def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """`exc` or the first exception of type `kind` it was raised from (Inductor wraps what fails inside it)."""
-    seen: BaseException | None = exc
-    while seen is not None and not isinstance(seen, kind):
-        seen = seen.__cause__ or seen.__context__
-    return seen
 
 
 # What a shell splits, expands or globs: Inductor runs the compiler through a command line that it does not quote.

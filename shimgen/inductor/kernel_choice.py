@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,6 +185,11 @@ def _gemm_gates(gate: str) -> list[tuple[Any, Any]]:
         for name, module in list(sys.modules.items())
         if name.startswith("torch._inductor") and getattr(module, gate, None) is original
     ]
+
+
+def listed(gemms: Iterable[tuple[Sequence[str], int]]) -> str:
+    """GEMMs by their input sizes and count, as the build summary and the report print them."""
+    return ", ".join(f"{' @ '.join(sizes)}{f' x{n}' if n > 1 else ''}" for sizes, n in gemms)
 
 
 def untimed_kernel(rows: int, gpu: bool) -> str | None:

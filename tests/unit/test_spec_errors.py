@@ -1119,6 +1119,7 @@ def test_a_full_disk_is_told_as_such_not_as_a_bug(
     monkeypatch.setattr(shutil, "disk_usage", real)
     assert main(["build", str(spec), "--out", str(out)]) == 3
     assert "internal error (a bug in shimgen" in capsys.readouterr().err
+    assert list((tmp_path / "tmp").glob("shimgen-crash-*"))  # where the full-disk cases would have left theirs
 
 
 def test_internal_error(
