@@ -34,7 +34,7 @@ from shimgen.cache.state import Result, State
 from shimgen.commands import matrix
 from shimgen.errors import MismatchError, SpecError, SpecErrors, UserError
 from shimgen.files import LockHeld, exclusive, file_hash, shimgen_fingerprint, stage_key
-from shimgen.inductor import codegen, lockfile, weights
+from shimgen.inductor import codegen, internals, lockfile, weights
 from shimgen.package import cpp, verify
 from shimgen.package import wheel as package
 from shimgen.package.verify import ReferenceRun
@@ -999,13 +999,10 @@ def _rewrite_weights(job: Job, name: str, traced: TraceResult, generated: Codege
 def _program_weights(job: Job, name: str, traced: TraceResult) -> dict[str, Any]:
     """The traced program's weights and constants by name, loaded once per build for the programs that have the same
     values (a graph's dynamic program and its variants')."""
-    import torch
-
     found = job.program_weights.get(traced.weights) if traced.weights else None
     if found is None:
         entry.import_op_modules(traced.op_modules, name)
-        program = torch.export.load(str(traced.program))
-        found = {**program.state_dict, **program.constants}
+        found = internals.saved_program_weights(traced.program)
         if traced.weights:
             job.program_weights[traced.weights] = found
     return found

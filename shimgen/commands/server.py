@@ -188,6 +188,11 @@ def serve(base: Path) -> None:
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # the imports below must not ask the CUDA driver (fork_is_safe)
     internals.import_build_modules()
     import shimgen.commands.cli  # noqa: F401
+    from shimgen.project import render
+    from shimgen.trace import entry
+
+    render.load_templates()
+    entry.resolve_module_paths()
 
     if not internals.fork_is_safe():
         base.with_suffix(".refused").write_text(
@@ -204,6 +209,7 @@ def serve(base: Path) -> None:
     idle = float(os.environ.get("SHIMGEN_SERVER_IDLE", IDLE_SECONDS))
     ahead = _ImportedAhead(base)
     children: dict[int, socket.socket] = {}
+    ended: dict[int, int] = {}  # child -> its pidfd, readable once it ended
     interrupted: set[int] = set()
     last = time.monotonic()
     serving = True
@@ -220,8 +226,11 @@ def serve(base: Path) -> None:
 
     try:
         while children or (serving and time.monotonic() - last < idle):
-            readable, _, _ = select.select([*([listener] if serving else []), *children.values()], [], [], 0.2)
+            waited = [*([listener] if serving else []), *children.values(), *ended.values()]
+            readable, _, _ = select.select(waited, [], [], 0.2)
             for conn in readable:
+                if isinstance(conn, int):
+                    continue  # a child ended: waited for below
                 if conn is listener:
                     received = _receive(listener)
                     if received is None:
@@ -233,9 +242,13 @@ def serve(base: Path) -> None:
                             os.close(fd)
                         step_down(why)
                         continue
-                    own = [lock.fileno(), listener.fileno(), *(c.fileno() for c in children.values())]
+                    own = [lock.fileno(), listener.fileno(), *(c.fileno() for c in children.values()), *ended.values()]
                     pid = _fork_child(*received, ahead.child_env(), own)
                     children[pid] = received[0]
+                    try:
+                        ended[pid] = os.pidfd_open(pid)
+                    except OSError:  # a kernel before Linux 5.3: the select's timeout finds it ended
+                        pass
                 else:  # a client closed its end (Ctrl-C, killed) before its child ended: the build is interrupted
                     pid = next(p for p, c in children.items() if c is conn)
                     if pid not in interrupted:
@@ -245,6 +258,8 @@ def serve(base: Path) -> None:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     conn = children.pop(pid)
+                    if pid in ended:
+                        os.close(ended.pop(pid))
                     interrupted.discard(pid)
                     code = os.waitstatus_to_exitcode(status)
                     _answer(conn, code if code >= 0 else 128 - code)
@@ -253,6 +268,7 @@ def serve(base: Path) -> None:
                 unsafe = ahead.import_noted()
                 if unsafe is not None:
                     step_down(unsafe)
+                entry.resolve_module_paths()
     finally:
         if serving:
             step_down("idle")

@@ -353,6 +353,24 @@ def saved_program_json(path: Path) -> bytes:
         return archive.read(name)
 
 
+def saved_program_weights(path: Path) -> dict[str, Any]:
+    """A program saved by torch.export.save: its state dict and constants by name, read from the archive without
+    deserializing the graph (torch.export.load takes 0.5 s more for a 90 MB BERT)."""
+    import torch
+    from torch.export.pt2_archive import _package
+
+    weights: dict[str, Any] = {}
+    with _package.PT2ArchiveReader(str(path)) as archive:
+        models = [n for n in archive.get_file_names() if n.startswith(_package.MODELS_DIR) and n.endswith(".json")]
+        for model in (n[len(_package.MODELS_DIR) : -len(".json")] for n in models):
+            for part in (_package._load_state_dict(archive, model), _package._load_constants(archive, model)):
+                if not isinstance(part, dict):  # torch's legacy format: the weights pickled whole
+                    program = torch.export.load(str(path))
+                    return {**program.state_dict, **program.constants}
+                weights.update(part)
+    return weights
+
+
 def op_schema(name: str) -> Any:
     """The schema of a registered op 'ns::op' or 'ns::op.overload'; RuntimeError where none is registered."""
     import torch

@@ -6,6 +6,7 @@ Files are written only when their content changes, so ninja rebuilds only what r
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -70,6 +71,7 @@ BUILD_MANIFEST = "_shimgen_build.json"
 OPT = {"O0": "0", "O1": "1", "O2": "2", "O3": "3", "Os": "s"}
 
 
+@functools.cache
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -81,6 +83,13 @@ def _env() -> jinja2.Environment:
     )
     env.filters.update(escape.FILTERS)
     return env
+
+
+def load_templates() -> None:
+    """Compile every template now (the build server does, before it forks its builds)."""
+    env = _env()
+    for name in env.list_templates(extensions=["j2"]):
+        env.get_template(name)
 
 
 def render_probe(tc: Toolchain, out: Path) -> None:

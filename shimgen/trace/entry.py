@@ -173,6 +173,20 @@ def _real_path(path: str) -> str:
     return os.path.realpath(path)
 
 
+def resolve_module_paths() -> None:
+    """Resolve the files of the modules imported so far into `_real_path`'s cache: the build server does, so that its
+    builds' project scopes start with them resolved."""
+    for module in list(sys.modules.values()):
+        file = getattr(module, "__file__", None)
+        try:  # as `_is_projects` asks: the file, or a namespace package's portions
+            paths = [file] if file is not None else list(getattr(module, "__path__", None) or [])
+        except TypeError:  # torch.ops and torch.classes make up any attribute, __path__ too
+            continue
+        for path in paths:
+            if isinstance(path, str):
+                _real_path(path)
+
+
 def _watch_opens() -> None:
     """Install, once per process, the audit hook that tells the open scopes what is opened under them."""
     global _watching
