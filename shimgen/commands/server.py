@@ -23,6 +23,7 @@ differs in a variable they read while imported, the server steps down and the cl
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.metadata
 import json
@@ -193,6 +194,7 @@ def serve(base: Path) -> None:
 
     render.load_templates()
     entry.resolve_module_paths()
+    _freeze_heap()
 
     if not internals.fork_is_safe():
         base.with_suffix(".refused").write_text(
@@ -269,9 +271,17 @@ def serve(base: Path) -> None:
                 if unsafe is not None:
                     step_down(unsafe)
                 entry.resolve_module_paths()
+                _freeze_heap()
     finally:
         if serving:
             step_down("idle")
+
+
+def _freeze_heap() -> None:
+    """Put what the server holds in the garbage collector's permanent generation: a forked build's collections then
+    skip it instead of walking it and copying every page whose object headers they touch (0.25 s of a MiniLM trace)."""
+    gc.collect()
+    gc.freeze()
 
 
 class _ImportedAhead:
