@@ -355,18 +355,33 @@ def saved_program_json(path: Path) -> bytes:
 
 def saved_program_weights(path: Path) -> dict[str, Any]:
     """A program saved by torch.export.save: its state dict and constants by name, read from the archive without
-    deserializing the graph (torch.export.load takes 0.5 s more for a 90 MB BERT)."""
+    deserializing the graph where this torch's archive reader allows (torch.export.load takes 0.5 s more for a 90 MB
+    BERT)."""
     import torch
-    from torch.export.pt2_archive import _package
 
+    weights = _archive_weights(path)
+    if weights is None:
+        program = torch.export.load(str(path))
+        weights = {**program.state_dict, **program.constants}
+    return weights
+
+
+def _archive_weights(path: Path) -> dict[str, Any] | None:
+    try:
+        from torch.export.pt2_archive import _package
+
+        reader, models_dir = _package.PT2ArchiveReader, _package.MODELS_DIR
+        parts = _package._load_state_dict, _package._load_constants
+    except (ImportError, AttributeError):  # another torch's archive code
+        return None
     weights: dict[str, Any] = {}
-    with _package.PT2ArchiveReader(str(path)) as archive:
-        models = [n for n in archive.get_file_names() if n.startswith(_package.MODELS_DIR) and n.endswith(".json")]
-        for model in (n[len(_package.MODELS_DIR) : -len(".json")] for n in models):
-            for part in (_package._load_state_dict(archive, model), _package._load_constants(archive, model)):
+    with reader(str(path)) as archive:
+        models = [n for n in archive.get_file_names() if n.startswith(models_dir) and n.endswith(".json")]
+        for model in (n[len(models_dir) : -len(".json")] for n in models):
+            for load in parts:
+                part = load(archive, model)
                 if not isinstance(part, dict):  # torch's legacy format: the weights pickled whole
-                    program = torch.export.load(str(path))
-                    return {**program.state_dict, **program.constants}
+                    return None
                 weights.update(part)
     return weights
 

@@ -499,3 +499,30 @@ def test_scalars_that_freezing_folds_into_convolutions_keep_their_own_values() -
         graph.recompile()
         assert counters["inductor"]["binary_folding_conv"] == 2
         torch.testing.assert_close(graph(x), model(x))
+
+
+def test_a_saved_programs_weights_read_from_its_archive_equal_torch_export_load(tmp_path: Path) -> None:
+    from shimgen.inductor import internals
+
+    class Tied(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.embed.weight  # one tensor under two names
+            self.register_buffer("scale", torch.full((4,), 0.5))
+            self.offset = torch.arange(4.0)  # a tensor constant
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.embed(ids) * self.scale + self.offset)
+
+    path = tmp_path / "program.pt2"
+    torch.export.save(torch.export.export(Tied(), (torch.tensor([[1, 2, 3]]),)), str(path))
+    program = torch.export.load(str(path))
+    loaded = {**program.state_dict, **program.constants}
+
+    read = internals._archive_weights(path)  # this torch's archive reader, not the fallback
+    assert read is not None and read.keys() == loaded.keys()
+    for name, tensor in loaded.items():
+        assert torch.equal(read[name], tensor) and read[name].stride() == tensor.stride(), name
+    assert read["head.weight"].data_ptr() == read["embed.weight"].data_ptr()
