@@ -6,7 +6,8 @@ The server itself never builds: it holds only imported modules (no thread of its
 driver asked anything), so each child starts as a fresh `shimgen build` would, less the imports, and imports the project's own
 modules itself (an edited model is always seen). A child runs with the client's arguments, working directory,
 environment and standard streams (passed over the socket), and its exit status is the client's. The build's own
-locks are the same; the server adds none.
+locks are the same; the server adds none. What every build would otherwise redo, the server does once before it forks
+them: it compiles shimgen's templates, resolves its modules' real paths and freezes its heap (`_freeze_heap`).
 
 One server per user, Python, torch, shimgen and import-time environment (`server_key`), started on demand by the
 first build that finds none, stopped after `SHIMGEN_SERVER_IDLE` seconds (default 600) without a build. The server
