@@ -122,11 +122,18 @@ def _project_modules(spec_dir: Path) -> dict[str, Any]:
 def _is_projects(module: Any, spec_dir: Path) -> bool:
     """Whether `module` comes from `spec_dir`: its file, or for a namespace package (a directory without __init__.py,
     no file) every portion of its path."""
+    paths = _module_paths(module)
+    return bool(paths) and all(_under(p, spec_dir) for p in paths)
+
+
+def _module_paths(module: Any) -> list[str]:
+    """A module's file, or for a namespace package its portions."""
     file = getattr(module, "__file__", None)
-    if file is not None:
-        return _under(file, spec_dir)
-    portions = list(getattr(module, "__path__", None) or [])
-    return bool(portions) and all(_under(p, spec_dir) for p in portions)
+    try:
+        paths = [file] if file is not None else list(getattr(module, "__path__", None) or [])
+    except TypeError:  # torch.ops and torch.classes make up any attribute, __path__ too
+        return []
+    return [p for p in paths if isinstance(p, str)]
 
 
 def _shadowing(spec_dir: Path) -> dict[str, Any]:
@@ -177,14 +184,8 @@ def resolve_module_paths() -> None:
     """Resolve the files of the modules imported so far into `_real_path`'s cache: the build server does, so that its
     builds' project scopes start with them resolved."""
     for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
-        try:  # as `_is_projects` asks: the file, or a namespace package's portions
-            paths = [file] if file is not None else list(getattr(module, "__path__", None) or [])
-        except TypeError:  # torch.ops and torch.classes make up any attribute, __path__ too
-            continue
-        for path in paths:
-            if isinstance(path, str):
-                _real_path(path)
+        for path in _module_paths(module):
+            _real_path(path)
 
 
 def _watch_opens() -> None:
