@@ -10,6 +10,7 @@ import io
 import os
 import sys
 import traceback
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -253,15 +254,31 @@ def example_sizes(shape_env: Any) -> dict[Any, Any]:
     return shape_env.var_to_val if hints is None else hints
 
 
+@contextmanager
+def _archive_read_quietly() -> Iterator[None]:
+    """torch 2.11's archive reader makes the weights tensors over the archive's read-only bytes (torch.frombuffer),
+    which warns at every build that they are not writable; shimgen only reads them."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
+        yield
+
+
+def load_exported(path: Path) -> Any:
+    """torch.export.load of a program shimgen saved."""
+    import torch
+
+    with _archive_read_quietly():
+        return torch.export.load(str(path))
+
+
 def load_program(path: Path) -> Any:
     """torch.export.load, with the example sizes of derived dims restored. A dim declared `k * Dim(...)` comes back
     from the archive with its example size keyed by the expression (`32*s13: 64`), so its own symbol has none, and
     Inductor fails where it needs one (`optimization_hint` of a host-side TMA descriptor's size)."""
     import sympy
-    import torch
     from torch._guards import detect_fake_mode
 
-    program = torch.export.load(str(path))
+    program = load_exported(path)
     fake_mode = detect_fake_mode([node.meta.get("val") for node in program.graph.nodes])
     shape_env = getattr(fake_mode, "shape_env", None)
     if shape_env is None:
@@ -357,11 +374,10 @@ def saved_program_weights(path: Path) -> dict[str, Any]:
     """A program saved by torch.export.save: its state dict and constants by name, read from the archive without
     deserializing the graph where this torch's archive reader allows (torch.export.load takes 0.5 s more for a 90 MB
     BERT)."""
-    import torch
-
-    weights = _archive_weights(path)
+    with _archive_read_quietly():
+        weights = _archive_weights(path)
     if weights is None:
-        program = torch.export.load(str(path))
+        program = load_exported(path)
         weights = {**program.state_dict, **program.constants}
     return weights
 

@@ -388,7 +388,6 @@ class _Programs:
     ) -> tuple[Any, dict[str, Any]]:
         """The outputs of the program that serves `sizes` for `inputs`, and the state it leaves; `known`, where given,
         taken for what it computes."""
-        import torch
 
         if self.graph is not models:
             self.graph, self.state = models, {}
@@ -398,7 +397,7 @@ class _Programs:
         path = program_for(models, sizes)
         if path not in self.loaded:
             try:
-                self.loaded[path] = torch.export.load(str(path)).module()
+                self.loaded[path] = internals.load_exported(path).module()
             except Exception as exc:
                 raise _NotLoaded(
                     f"{where}: its traced program does not load: {type(exc).__name__}: {_first_line(exc)}"

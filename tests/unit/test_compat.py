@@ -526,3 +526,36 @@ def test_a_saved_programs_weights_read_from_its_archive_equal_torch_export_load(
     for name, tensor in loaded.items():
         assert torch.equal(read[name], tensor) and read[name].stride() == tensor.stride(), name
     assert read["head.weight"].data_ptr() == read["embed.weight"].data_ptr()
+
+
+def test_reading_a_saved_program_does_not_pass_on_torchs_warning_of_read_only_buffers(tmp_path: Path) -> None:
+    """torch 2.11's archive reader warns that the weights it makes over the archive's bytes are not writable, at every
+    build; torch 2.13's does not, so both ways of reading are made to warn here as torch 2.11's do."""
+    import warnings
+    from unittest import mock
+
+    from shimgen.inductor import internals
+
+    path = tmp_path / "program.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(4, 2), (torch.ones(1, 4),)), str(path))
+
+    def warning(read: Any) -> Any:
+        def warning_read(*args: Any) -> Any:
+            warnings.warn(
+                "The given buffer is not writable, and PyTorch does not support non-writable tensors.", stacklevel=2
+            )
+            return read(*args)
+
+        return warning_read
+
+    with (
+        mock.patch.object(internals, "_archive_weights", warning(internals._archive_weights)),
+        mock.patch.object(torch.export, "load", warning(torch.export.load)),
+        warnings.catch_warnings(record=True) as shown,
+    ):
+        warnings.simplefilter("always")
+        weights = internals.saved_program_weights(path)
+        program = internals.load_program(path)
+        warnings.warn("another warning", stacklevel=1)
+    assert [str(w.message) for w in shown] == ["another warning"]
+    assert weights.keys() == program.state_dict.keys() == {"weight", "bias"}
