@@ -388,7 +388,6 @@ class _Programs:
     ) -> tuple[Any, dict[str, Any]]:
         """The outputs of the program that serves `sizes` for `inputs`, and the state it leaves; `known`, where given,
         taken for what it computes."""
-
         if self.graph is not models:
             self.graph, self.state = models, {}
         if known is not None:
