@@ -1015,12 +1015,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
-    parser.add_argument("--only", nargs="*", default=None)
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="case names; one that names no case picks the cases containing it"
+    )
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     import torch
 
-    cases = [c for c in CASES if not args.only or any(o in c.name for o in args.only)]
+    names = {c.name for c in CASES}
+    cases = [c for c in CASES if not args.only or any(o == c.name if o in names else o in c.name for o in args.only)]
     work = Path(tempfile.mkdtemp(prefix="shimgen-sweep-"))
     (work / "models").mkdir()
     shutil.copy(HERE / "sweep_models.py", work / "models" / "sweep_models.py")

@@ -626,6 +626,7 @@ def _binding_context(u: Unit, tc: Toolchain, spec: ProjectSpec, target_ids: str)
         "num_outputs": u.code.num_outputs,
         "instances": spec.runtime.instances,
         "cuda_graphs": cuda_graphs,
+        "keep_buffers": spec.runtime.keep_buffers and not devices.device(u.target.device).gpu,
         "packed_threads": u.packed_threads or 0,
         "has_last_error": tc.has_last_error,
         "proxy_executor": u.code.extern_nodes is not None,

@@ -184,6 +184,9 @@ Graph::Graph(const GraphSpec& spec, const std::string& directory) : spec_(spec) 
   }
   // Never destroyed by the Graph: another extension may share it (the C++ package frees its own).
   if (stateful()) state_ = new StateGroup;
+  if (spec.keep_buffers && !spec.cuda) {
+    for (Model& m : models_) m.buffers = std::make_unique<BufferPool>();
+  }
 #ifdef SHIMGEN_CUDA
   if (spec.cuda && spec.cuda_graphs) {
     for (Model& m : models_) {
@@ -325,6 +328,7 @@ void Graph::execute(Model& model, const at::TensorBase* const* inputs, at::Tenso
 #endif
   SmallArray<AtenTensorHandle> in(num_inputs), out(num_outputs);
   for (size_t i = 0; i < num_inputs; ++i) in[i] = new_handle(*inputs[i]);
+  BufferPool::Scope pooled(model.buffers.get());
   const AOTIRuntimeError status =
       model.api->run(model.container, in.data(), num_inputs, out.data(), num_outputs, static_cast<AOTInductorStreamHandle>(stream), model.api->ops());
   if (turn.owns_lock()) turn.unlock();

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "shimgen_buffers.h"
 #include "shimgen_graph.h"
 #include "shimgen_state.h"
 
@@ -98,6 +99,7 @@ struct Model {
   bool weights_applied = false;
   std::vector<at::TensorBase> pending;  // cuda: weights given before the first call made the container
   CapturedModel* captured = nullptr;    // cuda_graphs: where the model is replayed from a CUDA graph; never destroyed
+  std::unique_ptr<BufferPool> buffers;  // spec.keep_buffers: its calls' large buffers, kept for its next call
 
   std::string label() const;  // " (batch=1)" for a variant, "" for the dynamic model
 };

@@ -80,6 +80,7 @@ struct GraphSpec {
   const char* no_weights;    // what a call says where none were handed over yet (after "<name>(): ")
   int32_t instances;         // model instances per container: this many threads run the model at once
   bool cuda_graphs;          // flags.cuda_graphs on a cuda target: static models are replayed from CUDA graphs
+  bool keep_buffers;         // runtime.keep_buffers on a CPU target: calls take large buffers from a pool (shimgen_buffers.h)
   int32_t packed_threads;    // CPU: the threads oneDNN's weights are packed for (0: none); other counts repack per call
   const ModelApi* linked;    // the dynamic model, linked into the extension
   const char* docstring;

@@ -172,7 +172,7 @@ const char* const kNoState[] = {nullptr};
 
 shimgen::GraphSpec spec() {
   return {"f", "_f_cpu", "cpu-native", false, kInputs, 3, 2, kDims, 2, 5, kOutNodes, 10, kObjects, 1, kVariants, 3, kNoState,
-          false, "no weights are loaded", 2, false, 0, nullptr, ""};
+          false, "no weights are loaded", 2, false, false, 0, nullptr, ""};
 }
 
 // The InputError that checking these inputs throws: "TypeError: message", "ValueError: message", or "" for none.
@@ -315,6 +315,59 @@ void test_cpp_face_errors() {
   }
 }
 
+// A model's buffer pool: a call's large buffers come back to the next call (also for a request a little smaller),
+// smaller ones and those made outside a call never enter it, blocks the last call did not take are freed, and tensors
+// may outlive the pool.
+void test_buffer_pool() {
+  constexpr int64_t kLarge = shimgen::BufferPool::kMinBytes / sizeof(float);
+  auto pool = std::make_unique<shimgen::BufferPool>();
+  const void* first = nullptr;
+  {
+    shimgen::BufferPool::Scope call(pool.get());
+    at::Tensor a = at::empty({kLarge}, at::kFloat);
+    first = a.data_ptr();
+    at::empty({16}, at::kFloat);  // small: not pooled
+  }
+  EXPECT(pool->kept_bytes() == shimgen::BufferPool::kMinBytes);
+  at::Tensor outside = at::empty({kLarge}, at::kFloat);  // no call running: torch's allocator
+  EXPECT(outside.data_ptr() != first);
+  EXPECT(pool->kept_bytes() == shimgen::BufferPool::kMinBytes);
+  at::Tensor output;
+  {
+    shimgen::BufferPool::Scope call(pool.get());
+    at::Tensor a = at::empty({kLarge}, at::kFloat);
+    EXPECT(a.data_ptr() == first);
+    a.fill_(2);
+    output = a;  // returned by the call: it stays with the caller
+  }
+  EXPECT(pool->kept_bytes() == 0);
+  output = at::Tensor();  // freed by the caller: back to the pool
+  EXPECT(pool->kept_bytes() == shimgen::BufferPool::kMinBytes);
+  const void* larger = nullptr;
+  {
+    shimgen::BufferPool::Scope call(pool.get());
+    at::Tensor b = at::empty({2 * kLarge}, at::kFloat);  // another size: the first call's block is not wanted
+    larger = b.data_ptr();
+  }
+  EXPECT(pool->kept_bytes() == 2 * shimgen::BufferPool::kMinBytes);
+  {
+    shimgen::BufferPool::Scope call(pool.get());
+    EXPECT(at::empty({2 * kLarge - kLarge / 4}, at::kFloat).data_ptr() == larger);
+  }
+  EXPECT(pool->kept_bytes() == 2 * shimgen::BufferPool::kMinBytes);
+  {
+    shimgen::BufferPool::Scope call(pool.get());
+    // torch's raw allocation, through the allocator in front of it
+    c10::Allocator* allocator = c10::GetAllocator(c10::DeviceType::CPU);
+    void* raw = allocator->raw_allocate(shimgen::BufferPool::kMinBytes);
+    std::memset(raw, 1, shimgen::BufferPool::kMinBytes);
+    allocator->raw_deallocate(raw);
+    output = at::ones({kLarge}, at::kFloat);
+  }
+  pool.reset();
+  EXPECT(output.sum().item<float>() == static_cast<float>(kLarge));  // outlived its pool
+  output = at::Tensor();
+}
 
 // ---- the C++ package's pieces ----
 
@@ -622,9 +675,9 @@ const shimgen::VariantInfo kFakeVariants[] = {{"n1", "n=1", "f_cpu_n1.so", kN1, 
 const shimgen::OutNode kFakeOut[] = {{shimgen::kTensor, 0, nullptr, 0, -1}};
 const char* const kFakeState[] = {"model.s", nullptr};
 const shimgen::GraphSpec kFakeF = {"f", "_f_cpu", "cpu-native", false, kFakeInputs, 1, 1, kFakeDims, 1, 1, kFakeOut, 1,
-                                   nullptr, 0, kFakeVariants, 1, kFakeState, true, "no weights", 2, false, 0, nullptr, ""};
+                                   nullptr, 0, kFakeVariants, 1, kFakeState, true, "no weights", 2, false, true, 0, nullptr, ""};
 const shimgen::GraphSpec kFakeG = {"g", "_g_cpu", "cpu-native", false, kFakeInputs, 1, 1, kFakeDims, 1, 1, kFakeOut, 1,
-                                   nullptr, 0, nullptr, 0, kFakeState, true, "no weights", 2, false, 0, nullptr, ""};
+                                   nullptr, 0, nullptr, 0, kFakeState, true, "no weights", 2, false, true, 0, nullptr, ""};
 const char* const kFakeGraphs[] = {"f", "g"};
 const shimgen::UnitInfo kFakeUnits[] = {{&kFakeF, 0, "f_cpu.so", "f_cpu.safetensors", "f-code", "owner"},
                                         {&kFakeG, 1, "g_cpu.so", "g_cpu.safetensors", "g-code", "owner"}};
@@ -826,6 +879,7 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<const char*, std::function<void()>>> tests = {
       {"checks", test_checks}, {"threads_mismatch", test_threads_mismatch}, {"dims_bind_across_inputs", test_dims_bind_across_inputs}, {"dispatch", test_dispatch},
       {"output_tree", test_output_tree}, {"output_tree_failure", test_output_tree_failure}, {"cpp_face_errors", test_cpp_face_errors},
+      {"buffer_pool", test_buffer_pool},
       {"json", test_json}, {"safetensors", test_safetensors}, {"safetensors_errors", test_safetensors_errors},
       {"weights_file", test_weights_file}, {"weights_by_name", test_weights_by_name},
       {"torch_version", test_torch_version}, {"pick_unit", test_pick_unit}, {"package_paths", test_package_paths},
