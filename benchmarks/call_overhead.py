@@ -141,7 +141,7 @@ def table(report: Report, title: str, figures: dict[str, float], missing: dict[s
 
 
 def goals(report: Report, figures: dict[str, dict[str, float]], import_s: float | None) -> None:
-    """The goals table, for the cases that ran."""
+    """The goals table, for the cases that ran (issue 29's for BERT and ResNet-18)."""
     rows: list[tuple[str, float | None, float, str]] = []
 
     def ratio(case: str, a: str, b: str | list[str]) -> float | None:
@@ -162,9 +162,10 @@ def goals(report: Report, figures: dict[str, dict[str, float]], import_s: float 
                     "",
                 )
             )
-            rows.append((f"{label} shimgen / ONNX Runtime <= 0.6", ratio(case, SHIMGEN, ORT), 0.6, ""))
+            rows.append((f"{label} shimgen / ONNX Runtime <= 0.7", ratio(case, SHIMGEN, ORT), 0.7, ""))
     if "resnet" in figures:
         rows.append(("ResNet-18 shimgen / AOTI freezing <= 0.85", ratio("resnet", SHIMGEN, AOTI_FREEZING), 0.85, ""))
+        rows.append(("ResNet-18 shimgen / ONNX Runtime <= 0.85", ratio("resnet", SHIMGEN, ORT), 0.85, ""))
     if import_s is not None:
         rows.append(("tiny MLP import + first call <= 0.3 s", import_s, 0.3, "s"))
     report("\n| goal | measured | met |\n| --- | --- | --- |")

@@ -6,6 +6,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <mutex>
 #include <tuple>
 
