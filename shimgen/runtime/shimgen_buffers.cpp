@@ -5,6 +5,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <mutex>
@@ -93,6 +94,9 @@ BufferPool::BufferPool() {
   std::call_once(installed, [] {
     torch_allocator = c10::GetAllocator(c10::DeviceType::CPU);
     pin_this_library();
+    // A process forked while another thread holds the lock (a data loader's workers) must not inherit it held.
+    pthread_atfork([] { allocation_lock().lock(); }, [] { allocation_lock().unlock(); },
+                   [] { allocation_lock().unlock(); });
     c10::SetAllocator(c10::DeviceType::CPU, new PoolAllocator);  // never destroyed (see the header)
   });
 }

@@ -107,7 +107,10 @@ extern "C" __attribute__((visibility("default"))) int fake_model_containers() { 
 #include <ATen/ops/tensor.h>
 #include <dlfcn.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <cstdio>
 #include <cstdlib>
@@ -367,6 +370,30 @@ void test_buffer_pool() {
   pool.reset();
   EXPECT(output.sum().item<float>() == static_cast<float>(kLarge));  // outlived its pool
   output = at::Tensor();
+}
+// A process forked while another thread takes and frees pooled buffers can still use a pool in the child.
+void test_buffer_pool_fork() {
+  constexpr int64_t kLarge = shimgen::BufferPool::kMinBytes / sizeof(float);
+  auto pool = std::make_unique<shimgen::BufferPool>();
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop) {
+      shimgen::BufferPool::Scope call(pool.get());
+      at::empty({kLarge}, at::kFloat);
+    }
+  });
+  for (int i = 0; i < 100; ++i) {
+    const pid_t child = fork();
+    if (child == 0) {
+      alarm(10);  // a lock inherited held would hang here
+      shimgen::BufferPool::Scope call(pool.get());
+      _exit(at::empty({kLarge}, at::kFloat).fill_(1).sum().item<float>() == static_cast<float>(kLarge) ? 0 : 1);
+    }
+    int status = 0;
+    EXPECT(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  stop = true;
+  busy.join();
 }
 
 // ---- the C++ package's pieces ----
@@ -879,7 +906,7 @@ int main(int argc, char** argv) {
   const std::vector<std::pair<const char*, std::function<void()>>> tests = {
       {"checks", test_checks}, {"threads_mismatch", test_threads_mismatch}, {"dims_bind_across_inputs", test_dims_bind_across_inputs}, {"dispatch", test_dispatch},
       {"output_tree", test_output_tree}, {"output_tree_failure", test_output_tree_failure}, {"cpp_face_errors", test_cpp_face_errors},
-      {"buffer_pool", test_buffer_pool},
+      {"buffer_pool", test_buffer_pool}, {"buffer_pool_fork", test_buffer_pool_fork},
       {"json", test_json}, {"safetensors", test_safetensors}, {"safetensors_errors", test_safetensors_errors},
       {"weights_file", test_weights_file}, {"weights_by_name", test_weights_by_name},
       {"torch_version", test_torch_version}, {"pick_unit", test_pick_unit}, {"package_paths", test_package_paths},
