@@ -34,7 +34,7 @@ from shimgen.cache.state import Result, State
 from shimgen.commands import matrix
 from shimgen.errors import MismatchError, SpecError, SpecErrors, UserError
 from shimgen.files import LockHeld, exclusive, file_hash, shimgen_fingerprint, stage_key
-from shimgen.inductor import codegen, internals, lockfile, weights
+from shimgen.inductor import codegen, generated, internals, lockfile, weights
 from shimgen.package import cpp, verify
 from shimgen.package import wheel as package
 from shimgen.package.verify import ReferenceRun
@@ -92,6 +92,9 @@ class BuildOutput:
     onednn_off: dict[str, str] = field(default_factory=dict)  # by unit: why it was generated without oneDNN
     gemm_templates_off: dict[str, str] = field(default_factory=dict)  # by unit: why its GEMMs were not timed
     freezing_off: dict[str, str] = field(default_factory=dict)  # by unit: why it was generated without freezing
+    large_kernels: dict[str, list[tuple[str, int]]] = field(
+        default_factory=dict
+    )  # by unit: its kernel files compiled at -O2 for a kernel -O3 takes minutes on, with that kernel's bytes
     identifiers: list[str] = field(default_factory=list)  # the matrix's build identifiers this package covers
     shared_cache: dict[str, Any] | None = None  # the shared cache's URL, and what this build found and stored there
     timeline: list[tuple[str, str, float, float]] = field(default_factory=list)  # Timeline.events
@@ -130,6 +133,9 @@ class BuildOutput:
             "onednn_off": self.onednn_off,
             "gemm_templates_off": self.gemm_templates_off,
             "freezing_off": self.freezing_off,
+            "large_kernels": {
+                unit: [{"file": f, "kernel_bytes": n} for f, n in files] for unit, files in self.large_kernels.items()
+            },
             "identifiers": self.identifiers,
             "shared_cache": self.shared_cache,
             "timeline": [
@@ -510,6 +516,12 @@ def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: Refe
         },
         freezing_off={
             name: why for u in units for name, _ in u.generated if (why := _fallbacks(job, name).freezing_off)
+        },
+        large_kernels={
+            name: [(path.name, n) for path, n in large]
+            for u in units
+            for name, code in u.generated
+            if spec.flags.kernel_opt == "O3" and (large := generated.large_kernels(code.kernels))
         },
         identifiers=[
             matrix.BuildId(

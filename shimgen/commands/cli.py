@@ -396,6 +396,9 @@ def _print_summary(result: BuildOutput) -> None:
         print(f"  not verified: {skipped}", file=err)
     if result.slowest_units:
         print("  slowest translation units: " + ", ".join(f"{u} {s:.1f}s" for u, s in result.slowest_units), file=err)
+    for unit, files in result.large_kernels.items():
+        listed = ", ".join(f"{f} (a kernel of {n / 1e6:.1f} MB of source)" for f, n in files)
+        print(f"  compiled at -O2, not -O3, which takes minutes on so large a kernel, {unit}: {listed}", file=err)
     _print_fallbacks(result)
     for unit, gemms in result.untimed_gemms.items():
         for kernel in ("library", "template"):

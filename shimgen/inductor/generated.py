@@ -4,6 +4,7 @@ model, and the ops it leaves to the proxy executor (from Inductor's wrapper.json
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import Counter
@@ -34,6 +35,23 @@ def kernels(code: CodegenResult) -> list[dict[str, Any]]:
     found = [k for path in code.kernels for k in _cpp_kernels(path, calls)]
     found += [_triton_kernel(ptx, code.triton) for ptx in code.ptx]
     return found + _library_calls(code.model, calls) + _custom_ops(code, calls)
+
+
+# A kernel function this large takes GCC minutes at -O3 and seconds at -O2: Qwen3-Next's chunked scan, its 63 steps
+# fused into one 3.2 MB kernel, compiled in 330 s at -O3 and in 16 s at -O2 (benchmarks/results/large_kernels.md).
+LARGE_KERNEL_BYTES = 256 << 10
+
+
+def large_kernels(kernel_files: tuple[Path, ...]) -> list[tuple[Path, int]]:
+    """The kernel files that hold a kernel of LARGE_KERNEL_BYTES or more, with its size."""
+    found = []
+    for path in kernel_files:
+        text = path.read_text(errors="replace")
+        starts = [m.start() for m in _CPP_KERNEL.finditer(text)] + [len(text)]
+        largest = max((end - start for start, end in itertools.pairwise(starts)), default=0)
+        if largest >= LARGE_KERNEL_BYTES:
+            found.append((path, largest))
+    return found
 
 
 def _cpp_kernels(path: Path, model_calls: str) -> list[dict[str, Any]]:

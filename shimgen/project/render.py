@@ -18,7 +18,7 @@ from packaging.version import Version
 
 from shimgen import devices
 from shimgen.files import file_hash, stage_key, write_if_changed
-from shimgen.inductor import proxy_executor, weights
+from shimgen.inductor import generated, proxy_executor, weights
 from shimgen.project import escape
 from shimgen.results import (
     OBJECT,
@@ -284,12 +284,14 @@ def render_project(
                     proxy_executor=code.extern_nodes is not None,
                     has_last_error=tc.has_last_error,
                 )
+            large = [p for p, _ in generated.large_kernels(code.kernels)] if spec.flags.kernel_opt == "O3" else []
             models.append(
                 {
                     "dir": work,
                     "library": u.library(variant) if variant else None,
                     "label": _label(variant) if variant else "",
-                    "kernels": [p.name for p in code.kernels],
+                    "kernels": [p.name for p in code.kernels if p not in large],
+                    "large_kernels": [p.name for p in large],
                     "cuda_kernels": [p.stem for p in code.ptx],
                     "triton": [p.name for p in code.triton],
                     "proxy_executor": code.extern_nodes is not None,

@@ -1,4 +1,4 @@
-// shimgen runtime: a CPU graph's large buffers kept from one call to the next (shimgen_buffers.h).
+// shimgen runtime: a CPU model's large buffers kept from one call to the next (shimgen_buffers.h).
 #include "shimgen_buffers.h"
 
 #include <c10/core/Allocator.h>

@@ -73,6 +73,35 @@ def test_build_summary(built_mlp: dict[str, Any], workdir: Path) -> None:
     assert "int64_t num_threads = omp_get_max_threads();" in kernels and "constexpr int64_t num_threads" not in kernels
 
 
+LARGE_KERNEL = """
+[project]
+name = "scanner"
+
+[[graph]]
+name = "steps"
+entry = "models.shapes:chunked_scan"
+inputs = [{ name = "x", shape = ["batch", 4, "n", "n"] }]
+dims = { batch = { min = 2, max = 8 }, n = { min = 16, max = 64 } }
+"""
+
+
+def test_a_kernel_too_large_for_o3_compiles_at_o2(workdir: Path, tmp_path: Path) -> None:
+    """A chunked scan that Inductor fuses into one kernel of 0.4 MB: its file compiles at -O2 (-O3 takes minutes on
+    kernels ten times that size), the summary says so, and the package computes what eager does."""
+    spec = spec_of_its_own(workdir, tmp_path / "spec" / "scanner.toml", LARGE_KERNEL)
+    summary = build_json(spec, tmp_path)
+    [(unit, files)] = summary["large_kernels"].items()
+    assert unit == "steps_cpu" and [f["file"] for f in files] == ["kernels_0.cpp"], files
+    assert files[0]["kernel_bytes"] >= 256 << 10
+    sys.path.insert(0, str(spec.parent))
+    try:
+        from models.shapes import chunked_scan
+    finally:
+        sys.path.remove(str(spec.parent))
+    x = torch.randn(3, 4, 20, 20)
+    torch.testing.assert_close(import_package(summary).steps(x), chunked_scan(x))
+
+
 def test_mlp_matches_eager(built_mlp: dict[str, Any], workdir: Path) -> None:
     mlp = import_package(built_mlp)
     for batch in (1, 5, 64):

@@ -46,6 +46,7 @@ from shimgen.inductor.codegen import (
     split_wrapper,
     uses_onednn,
 )
+from shimgen.inductor.generated import LARGE_KERNEL_BYTES, large_kernels
 from shimgen.inductor.kernel_choice import _keeping_input_layouts, locked_keys
 from shimgen.inductor.openmp import gemm_threads_from_caller, serial_fast_paths
 from shimgen.package import cpp as package_cpp
@@ -203,6 +204,19 @@ File "/work/main/shimgen/trace/export.py", line 317, in forward
 
 Use tlparse to see full graph. (https://github.com/pytorch/tlparse?tab=readme-ov-file#tlparse-parse-structured-pt2-logs)
 """
+
+
+def test_a_kernel_too_large_for_o3_is_found_in_its_file(tmp_path: Path) -> None:
+    """The kernel file holding a kernel of LARGE_KERNEL_BYTES or more is set apart (it compiles at -O2), with the
+    kernel's size; the others are not."""
+    _, _, files = split_wrapper(wrapper({**KERNELS, "cpp_fused_scan_7": LARGE_KERNEL_BYTES // 60}), 2)
+    paths = tuple(tmp_path / f"kernels_{i}.cpp" for i in range(len(files)))
+    for path, text in zip(paths, files, strict=True):
+        path.write_text(text)
+    found = large_kernels(paths)
+    assert [p for p, _ in found] == [p for p in paths if "cpp_fused_scan_7" in p.read_text()]
+    assert LARGE_KERNEL_BYTES <= found[0][1] < LARGE_KERNEL_BYTES * 1.1
+    assert large_kernels(tuple(p for p, _ in found[1:])) == []
 
 
 def test_inductor_failure_names_the_model_line_not_the_graph_node() -> None:
