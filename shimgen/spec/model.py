@@ -281,10 +281,10 @@ class Runtime:
         default=2,
     )
     keep_buffers: bool = doc(
-        "CPU: each graph keeps its buffers of 64 KiB or more (Inductor's, and those of the library ops it calls, outputs "
-        "included once freed) for its next call instead of handing them back to the system, so a call does not fault in "
-        "fresh pages that the kernel zeroes (MiniLM at batch 8: 2,100 a call, 3% of its time). Between calls a graph holds about "
-        "the memory of its last call.",
+        "CPU: each compiled model of a graph (its dynamic model, each variant) keeps its buffers of 64 KiB or more "
+        "(Inductor's, those of the library ops it calls, and its outputs once the caller frees them) for its next call "
+        "instead of handing them back to the system, so a call does not fault in fresh pages that the kernel zeroes "
+        "(MiniLM at batch 8: 2,100 a call, 3% of its time). Between calls each model holds about its last call's memory.",
         default=True,
     )
 
