@@ -8,17 +8,6 @@ def cat_slices(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.cat([a, b[:, 1:]], dim=1)
 
 
-def chunked_scan(x: torch.Tensor, steps: int = 16) -> torch.Tensor:
-    """Row i of each trailing square takes the rows before it, one step at a time (the shape of a chunked linear
-    attention's reference code): Inductor fuses the steps into one large kernel."""
-    a = x.clone()
-    for i in range(1, steps):
-        row = a[..., i, :i].clone()
-        sub = a[..., :i, :i].clone()
-        a[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
-    return a
-
-
 def pairs(x: torch.Tensor) -> torch.Tensor:
     """Sums neighbouring rows: needs an even number of rows (multiple_of = 2 in the spec)."""
     return x.view(x.shape[0] // 2, 2, x.shape[1]).sum(1)
@@ -47,3 +36,14 @@ class HostMask(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mask = ~torch.zeros(x.shape[0], x.shape[1], dtype=torch.bool)
         return self.proj(x) * mask.to(x.device).cumsum(0, dtype=torch.float32)
+
+
+def chunked_scan(x: torch.Tensor, steps: int = 16) -> torch.Tensor:
+    """Row i of each trailing square takes the rows before it, one step at a time (the shape of a chunked linear
+    attention's reference code): Inductor fuses the steps into one large kernel."""
+    a = x.clone()
+    for i in range(1, steps):
+        row = a[..., i, :i].clone()
+        sub = a[..., :i, :i].clone()
+        a[..., i, :i] = row + (row.unsqueeze(-1) * sub).sum(-2)
+    return a
