@@ -111,7 +111,6 @@ extern "C" __attribute__((visibility("default"))) int fake_model_containers() { 
 #include <unistd.h>
 
 #include <atomic>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -371,6 +370,7 @@ void test_buffer_pool() {
   EXPECT(output.sum().item<float>() == static_cast<float>(kLarge));  // outlived its pool
   output = at::Tensor();
 }
+
 // A process forked while another thread takes and frees pooled buffers can still use a pool in the child.
 void test_buffer_pool_fork() {
   constexpr int64_t kLarge = shimgen::BufferPool::kMinBytes / sizeof(float);
