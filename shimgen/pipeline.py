@@ -521,7 +521,7 @@ def _package_all(job: Job, tools: LazyTools, units: list[Unit], references: Refe
             name: [(path.name, n) for path, n in large]
             for u in units
             for name, code in u.generated
-            if spec.flags.kernel_opt == "O3" and (large := generated.large_kernels(code.kernels))
+            if (large := generated.large_kernels(code.kernels, spec.flags.kernel_opt))
         },
         identifiers=[
             matrix.BuildId(

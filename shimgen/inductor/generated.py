@@ -43,8 +43,11 @@ def kernels(code: CodegenResult) -> list[dict[str, Any]]:
 LARGE_KERNEL_BYTES = 256 << 10
 
 
-def large_kernels(kernel_files: tuple[Path, ...]) -> list[tuple[Path, int]]:
-    """The kernel files that hold a kernel of LARGE_KERNEL_BYTES or more, with its size."""
+def large_kernels(kernel_files: tuple[Path, ...], kernel_opt: str) -> list[tuple[Path, int]]:
+    """The kernel files compiled at -O2 where `kernel_opt` is O3: those that hold a kernel of LARGE_KERNEL_BYTES or
+    more, with its size."""
+    if kernel_opt != "O3":
+        return []
     found = []
     for path in kernel_files:
         text = path.read_text(errors="replace")

@@ -284,7 +284,7 @@ def render_project(
                     proxy_executor=code.extern_nodes is not None,
                     has_last_error=tc.has_last_error,
                 )
-            large = [p for p, _ in generated.large_kernels(code.kernels)] if spec.flags.kernel_opt == "O3" else []
+            large = [p for p, _ in generated.large_kernels(code.kernels, spec.flags.kernel_opt)]
             models.append(
                 {
                     "dir": work,

@@ -125,7 +125,6 @@ BufferPool::Scope::~Scope() {
 }
 
 std::pair<void*, size_t> BufferPool::take(size_t nbytes) {
-  used_ = true;
   auto it = kept_.lower_bound(nbytes);
   if (it == kept_.end() || it->first > nbytes + nbytes / 4) {
     ++taken_[nbytes];
@@ -153,10 +152,9 @@ void BufferPool::end_call() {
   std::vector<void*> freed;
   {
     std::lock_guard<std::mutex> guard(allocation_lock());
-    if (!used_ && kept_.empty()) return;
+    if (taken_.empty() && kept_.empty()) return;
     wanted_.swap(taken_);
     taken_.clear();
-    used_ = false;
     for (auto it = kept_.begin(); it != kept_.end();) {
       auto wanted = wanted_.find(it->first);
       const size_t keep = wanted == wanted_.end() ? 0 : wanted->second;

@@ -52,7 +52,6 @@ class BufferPool {
   std::map<size_t, std::vector<void*>> kept_;  // by block size
   std::unordered_map<size_t, size_t> taken_;   // blocks of each size taken by the calls since the last end
   std::unordered_map<size_t, size_t> wanted_;  // blocks of each size the last call took
-  bool used_ = false;                                    // a call took a block since the last end
 };
 
 }  // namespace shimgen

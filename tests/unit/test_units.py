@@ -213,10 +213,11 @@ def test_a_kernel_too_large_for_o3_is_found_in_its_file(tmp_path: Path) -> None:
     paths = tuple(tmp_path / f"kernels_{i}.cpp" for i in range(len(files)))
     for path, text in zip(paths, files, strict=True):
         path.write_text(text)
-    found = large_kernels(paths)
+    found = large_kernels(paths, "O3")
     assert [p for p, _ in found] == [p for p in paths if "cpp_fused_scan_7" in p.read_text()]
     assert LARGE_KERNEL_BYTES <= found[0][1] < LARGE_KERNEL_BYTES * 1.1
-    assert large_kernels(tuple(p for p, _ in found[1:])) == []
+    assert large_kernels(tuple(p for p, _ in found[1:]), "O3") == []
+    assert large_kernels(paths, "O2") == []  # -O2 and below need no exception
 
 
 def test_inductor_failure_names_the_model_line_not_the_graph_node() -> None:
